@@ -1,0 +1,30 @@
+# handoff: `make demo` runs the main job end to end, `make test` runs the tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NPROC ?= 2
+RUN ?= runs/demo
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+# Re-installs only when the dependency list changes, so repeated `make test` is fast.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) train/main.py --out $(RUN) --epochs 8
+
+test: install
+	$(BIN)/python -m pytest
+
+bench: install
+	@echo "No benchmarks yet: they arrive with the performance issue."
+
+clean:
+	rm -rf $(VENV) runs

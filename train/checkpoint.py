@@ -1,0 +1,239 @@
+"""The checkpoint contract (see DESIGN.md) and the one class that writes, links and prunes checkpoints.
+
+What a checkpoint holds is defined here once; export imports `FORMAT`, `load` and the key names.
+
+Guarantees:
+- only global rank 0 writes; every other rank waits at a barrier;
+- each file is written to a temporary name in the same folder, flushed, fsynced and `os.replace`d, so
+  `last.pt` is always a complete checkpoint, whatever moment the process dies at;
+- `last.pt` and `best.pt` are hard links to the epoch file when possible (no second write of the bytes);
+- older epoch files are pruned only after the new one is safely in place;
+- everything loads with `torch.load(..., weights_only=True)`: tensors, containers and plain scalars.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import pickle
+import random
+import shutil
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from train import distributed
+
+log = logging.getLogger(__name__)
+
+FORMAT = "handoff.checkpoint/1"
+LAST, BEST = "last.pt", "best.pt"
+EPOCH_PATTERN = "epoch_{:04d}.pt"
+_TMP_MARK = ".tmp."
+REQUIRED_KEYS = ("format", "model", "optimizer", "scheduler", "epoch", "step", "best_acc1", "rng", "sampler", "meta")
+META_KEYS = (
+    "arch", "num_classes", "classes", "image_size", "mean", "std", "resize", "interpolation", "channels",
+    "world_size", "torch", "created",
+)
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used, with a message fit for one line on stderr."""
+
+
+# --- contents -----------------------------------------------------------------------------------
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states, in types `weights_only=True` accepts."""
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuple(state["python"]))
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def make_meta(arch: str, classes: list[str], preprocessing: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Everything export needs to rebuild the model and its input pipeline with no flags."""
+    return {
+        "arch": arch,
+        "num_classes": len(classes),
+        "classes": list(classes),
+        "image_size": preprocessing["crop"],
+        "mean": list(preprocessing["mean"]),
+        "std": list(preprocessing["std"]),
+        "resize": preprocessing["resize"],
+        "interpolation": preprocessing["interpolation"],
+        "channels": preprocessing["channels"],
+        "world_size": world_size,
+        "torch": torch.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+def load(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a handoff checkpoint safely (`weights_only=True`), or raise CheckpointError saying why not."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: the file is empty")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: refused to unpickle it with weights_only=True ({first})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
+        raise CheckpointError(f"{path}: not a readable checkpoint, maybe truncated ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a handoff training checkpoint (expected format {FORMAT!r})")
+    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
+    return ckpt
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+@dataclass
+class CheckpointConfig:
+    """Where and how checkpoints are kept."""
+
+    folder: Path
+    keep_last: int = 3  # epoch files kept besides last.pt and best.pt; 0 keeps only those two
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        if self.keep_last < 0:
+            raise ValueError(f"--keep-last={self.keep_last}: must be 0 or more")
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tmp_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}{_TMP_MARK}{os.getpid()}")
+
+
+def atomic_save(obj: Any, target: Path) -> None:
+    """torch.save to a temporary file beside `target`, fsync, then rename over it."""
+    tmp = _tmp_name(target)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+def atomic_link(source: Path, target: Path) -> None:
+    """Make `target` name the same bytes as `source`, atomically (hard link, or a copy where links fail)."""
+    tmp = _tmp_name(target)
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+class Checkpointer:
+    """Saves on global rank 0 only, keeps last.pt / best.pt / the last k epoch files, resumes."""
+
+    def __init__(self, cfg: CheckpointConfig, is_main: bool) -> None:
+        self.cfg = cfg
+        self.is_main = is_main
+        if is_main:
+            cfg.folder.mkdir(parents=True, exist_ok=True)
+            self._remove_stale_temporaries()
+
+    @property
+    def last(self) -> Path:
+        return self.cfg.folder / LAST
+
+    def _remove_stale_temporaries(self) -> None:
+        """Temporaries left by a process killed mid-write: never a complete checkpoint, safe to drop."""
+        for tmp in self.cfg.folder.glob(f".*{_TMP_MARK}*"):
+            log.info("removing %s, left by an interrupted save", tmp.name)
+            tmp.unlink(missing_ok=True)
+
+    def save(self, state: dict[str, Any], epoch_done: bool, is_best: bool) -> None:
+        """Called on every rank; rank 0 writes, the others wait at the barrier."""
+        if self.is_main:
+            try:
+                self._write(state, epoch_done, is_best)
+            finally:
+                distributed.barrier()  # never leave the other ranks waiting forever on a failed save
+        else:
+            distributed.barrier()
+
+    def _write(self, state: dict[str, Any], epoch_done: bool, is_best: bool) -> None:
+        folder = self.cfg.folder
+        if epoch_done and self.cfg.keep_last > 0:
+            primary = folder / EPOCH_PATTERN.format(state["epoch"])
+            atomic_save(state, primary)
+            atomic_link(primary, self.last)
+        else:
+            primary = self.last
+            atomic_save(state, primary)
+        if is_best:
+            atomic_link(primary, folder / BEST)
+        if epoch_done:
+            self._prune()
+        log.debug("saved %s (epoch %d, step %d)", primary, state["epoch"], state["step"])
+
+    def _prune(self) -> None:
+        epoch_files = sorted(self.cfg.folder.glob(EPOCH_PATTERN.replace("{:04d}", "[0-9]*")))
+        for old in epoch_files[: max(0, len(epoch_files) - self.cfg.keep_last)]:
+            old.unlink(missing_ok=True)

@@ -1,0 +1,97 @@
+"""Process-group setup and the few collectives the trainer needs.
+
+Everything distributed reads the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK) in one
+place, so `python train/main.py` (no torchrun) simply runs as a world of one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None  # None when running without a process group
+
+    @property
+    def is_main(self) -> bool:
+        """Global rank 0: the only process that writes anything to the run folder."""
+        return self.rank == 0
+
+
+def setup(timeout_s: float = 1800.0) -> DistInfo:
+    """Join the process group torchrun prepared, or run alone when there is none.
+
+    NCCL with one GPU per process (LOCAL_RANK) where CUDA is present, gloo on the CPU.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if "RANK" not in os.environ:
+        return DistInfo(0, 1, 0, device, None)
+    init_kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+    if backend == "nccl":
+        init_kwargs["device_id"] = device
+    dist.init_process_group(**init_kwargs)
+    return DistInfo(rank, world_size, local_rank, device, backend)
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a few scalars over all ranks (float64, so counts stay exact)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when it is true on at least one: how ranks agree to stop together."""
+    return all_reduce_sum([1.0 if flag else 0.0], device)[0] > 0
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,279 @@
+"""Train a torchvision classifier with DistributedDataParallel; save once per job, on global rank 0.
+
+One machine, N processes (gloo on the CPU, NCCL with one GPU per process where CUDA is present):
+    torchrun --standalone --nproc-per-node 2 train/main.py --out runs/digits
+One process, no torchrun:
+    python train/main.py --out runs/digits --epochs 2
+Several nodes, the same script (run on every node):
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id job1 \\
+        train/main.py --data /data/imagenet --arch resnet50 --image-size 224 --batch-size 64 --out runs/in1k
+
+Resume is automatic (`--resume auto`): a restarted job continues from RUN/last.pt, mid-epoch included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from train import distributed
+from train.checkpoint import (
+    CheckpointConfig,
+    CheckpointError,
+    Checkpointer,
+    capture_rng,
+    load,
+    make_meta,
+    restore_rng,
+    FORMAT,
+)
+from train.data import DataConfig, build_datasets, build_loaders
+from train.metrics import EpochMetrics, MetricsLog
+from train.models import build_model
+from train.optim import SCHEDULES, OptimConfig, build_optimizer, build_scheduler
+from train.preemption import EXIT_PREEMPTED, StopRequest
+
+log = logging.getLogger("train")
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="DDP training of a torchvision classifier. Global rank 0 alone writes RUN/ "
+        "(last.pt, best.pt, epoch_*.pt, metrics.csv, curves.png).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default=None, help="ImageFolder root holding train/ and val/; default: the embedded "
+                   "scikit-learn handwritten digits (1,797 images, 10 classes)")
+    g.add_argument("--image-size", type=int, default=32, help="side of the square the model sees")
+    g.add_argument("--resize", type=int, default=None, help="eval resize before the center crop "
+                   "(default: image size for the digits, image size / 0.875 for an ImageFolder)")
+    g.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
+    g = p.add_argument_group("model and optimisation")
+    g.add_argument("--arch", default="resnet18", help="any torchvision classifier name")
+    g.add_argument("--epochs", type=int, default=10)
+    g.add_argument("--batch-size", type=int, default=32, help="images per process per step")
+    g.add_argument("--lr", type=float, default=None, help="initial learning rate (default: 0.1 x global batch / 256, "
+                   "the linear scaling rule)")
+    g.add_argument("--momentum", type=float, default=0.9)
+    g.add_argument("--weight-decay", type=float, default=1e-4)
+    g.add_argument("--schedule", choices=SCHEDULES, default="cosine")
+    g.add_argument("--step-size", type=int, default=30, help="step schedule: epochs between decays")
+    g.add_argument("--gamma", type=float, default=0.1, help="step schedule: decay factor")
+    g.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None, help="mixed precision (fp16 adds a grad scaler)")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--out", default="runs/default", help="run folder, written by global rank 0 only")
+    g.add_argument("--resume", default="auto", help="auto: continue from OUT/last.pt when present; none: start "
+                   "afresh; or a checkpoint path")
+    g.add_argument("--keep-last", type=int, default=3, help="epoch checkpoints kept besides last.pt and best.pt")
+    return p
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [rank{rank}] %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def to_cpu(obj: Any) -> Any:
+    """A copy of a state tree with every tensor on the CPU, so the checkpoint loads on any machine."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+def train_one_epoch(model, criterion, optimizer, scaler, loader, info, amp_dtype, stop: StopRequest, desc: str):
+    """Returns (loss_sum, correct, count, steps, stopped) for this rank."""
+    model.train()
+    loss_sum, correct, count, steps = 0.0, 0, 0, 0
+    # disable=None: tqdm draws only on a terminal, so logs and CI output stay readable.
+    bar = tqdm(loader, desc=desc, disable=None if info.is_main else True, leave=False, dynamic_ncols=True)
+    for images, targets in bar:
+        if distributed.any_rank(stop.requested, info.device):
+            return loss_sum, correct, count, steps, True
+        images, targets = images.to(info.device, non_blocking=True), targets.to(info.device, non_blocking=True)
+        with torch.autocast(info.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            output = model(images)
+            loss = criterion(output, targets)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        steps += 1
+        loss_sum += loss.item() * len(targets)
+        correct += (output.argmax(1) == targets).sum().item()
+        count += len(targets)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    return loss_sum, correct, count, steps, distributed.any_rank(stop.requested, info.device)
+
+
+@torch.inference_mode()
+def evaluate(model, criterion, loader, info) -> tuple[float, float]:
+    """Loss and top-1 accuracy (%) over the whole validation set, summed across ranks."""
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    for images, targets in loader:
+        images, targets = images.to(info.device), targets.to(info.device)
+        output = model(images)
+        loss_sum += criterion(output, targets).item() * len(targets)
+        correct += (output.argmax(1) == targets).sum().item()
+        count += len(targets)
+    loss_sum, correct, count = distributed.all_reduce_sum([loss_sum, correct, count], info.device)
+    return loss_sum / count, 100.0 * correct / count
+
+
+def resolve_resume(resume: str, checkpointer: Checkpointer) -> str | None:
+    if resume == "none":
+        return None
+    if resume == "auto":
+        return str(checkpointer.last) if checkpointer.last.is_file() else None
+    return resume
+
+
+def main(args: argparse.Namespace) -> int:
+    info = distributed.setup()
+    setup_logging(info.rank)
+    stop = StopRequest()
+    try:
+        data_cfg = DataConfig(data=args.data, image_size=args.image_size, resize=args.resize)
+        lr = args.lr if args.lr is not None else 0.1 * args.batch_size * info.world_size / 256
+        optim_cfg = OptimConfig(epochs=args.epochs, lr=lr, momentum=args.momentum,
+                                weight_decay=args.weight_decay, schedule=args.schedule,
+                                step_size=args.step_size, gamma=args.gamma)
+        ckpt_cfg = CheckpointConfig(folder=args.out, keep_last=args.keep_last)
+    except ValueError as err:
+        log.error("%s", err)
+        return 2
+    log.info("world size %d, backend %s, device %s", info.world_size, info.backend or "none", info.device)
+
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    ds = build_datasets(data_cfg, args.seed)
+    train_loader, sampler, val_loader = build_loaders(
+        ds, args.batch_size, args.workers, info.rank, info.world_size, args.seed, info.device.type == "cuda")
+    model = build_model(args.arch, len(ds.classes), args.image_size).to(info.device)
+    optimizer = build_optimizer(model, optim_cfg)
+    scheduler = build_scheduler(optimizer, optim_cfg)
+    amp_dtype = AMP_DTYPES.get(args.amp) if args.amp else None
+    scaler = torch.amp.GradScaler(info.device.type, enabled=args.amp == "fp16")
+    criterion = nn.CrossEntropyLoss()
+    checkpointer = Checkpointer(ckpt_cfg, info.is_main)
+    metrics = MetricsLog(ckpt_cfg.folder)
+    meta = make_meta(args.arch, ds.classes, ds.preprocessing.to_meta(), info.world_size)
+
+    torch.manual_seed(args.seed + info.rank)  # from here on, each rank draws its own random numbers
+    epoch, position, step, best_acc1 = 0, 0, 0, 0.0
+    # Rank 0 alone reads the checkpoint and broadcasts it: other nodes need not share its file system.
+    ckpt, error = None, None
+    if info.is_main:
+        path = resolve_resume(args.resume, checkpointer)
+        if path is not None:
+            try:
+                ckpt = load(path, map_location="cpu")
+                log.info("resuming from %s", path)
+            except CheckpointError as err:
+                error = str(err)
+    ckpt, error = distributed.broadcast_object((ckpt, error))
+    if error:
+        log.error("--resume: %s", error)
+        return 2
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])  # the bare module, before DDP wraps it
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        if "scaler" in ckpt and scaler.is_enabled():
+            scaler.load_state_dict(ckpt["scaler"])
+        step, best_acc1 = ckpt["step"], ckpt["best_acc1"]
+        epoch, position = ckpt["sampler"]["epoch"], ckpt["sampler"]["position"]
+        saved_world = len(ckpt["rng"])
+        if saved_world == info.world_size:
+            restore_rng(ckpt["rng"][info.rank])
+        else:
+            log.warning("checkpoint written by %d processes, resuming with %d: per-rank RNG state not restored "
+                        "(ranks reseeded from --seed); data order and augmentation still continue exactly, "
+                        "the global batch is now %d", saved_world, info.world_size, args.batch_size * info.world_size)
+            torch.manual_seed(args.seed + info.rank + 1_000 * epoch)
+        if info.is_main:
+            metrics.truncate_after(ckpt["epoch"])
+        del ckpt
+
+    model_without_ddp = model
+    if info.backend is not None:
+        model = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+
+    def state(epoch_done: int, sampler_epoch: int, sampler_position: int) -> dict[str, Any]:
+        rng = distributed.gather_objects(capture_rng())
+        ckpt = {
+            "format": FORMAT,
+            "model": to_cpu(model_without_ddp.state_dict()),
+            "optimizer": to_cpu(optimizer.state_dict()),
+            "scheduler": scheduler.state_dict(),
+            "epoch": epoch_done,
+            "step": step,
+            "best_acc1": float(best_acc1),
+            "rng": rng,
+            "sampler": {"epoch": sampler_epoch, "position": sampler_position},
+            "meta": meta,
+        }
+        if scaler.is_enabled():
+            ckpt["scaler"] = scaler.state_dict()
+        return ckpt
+
+    global_batch = args.batch_size * info.world_size
+    val_acc1 = None
+    while epoch < args.epochs:
+        started = time.monotonic()
+        sampler.set_epoch(epoch, start=position)
+        ds.train.set_epoch(epoch)
+        loss_sum, correct, count, steps, stopped = train_one_epoch(
+            model, criterion, optimizer, scaler, train_loader, info, amp_dtype, stop, f"epoch {epoch + 1}/{args.epochs}")
+        step += steps
+        position += steps * global_batch
+        if stopped:
+            checkpointer.save(state(epoch, epoch, position), epoch_done=False, is_best=False)
+            log.warning("preempted: saved %s at epoch %d, step %d; rerun the same command to resume",
+                        checkpointer.last, epoch + 1, step)
+            distributed.cleanup()
+            return EXIT_PREEMPTED
+        lr = optimizer.param_groups[0]["lr"]
+        scheduler.step()
+        train_loss, train_correct, train_count = distributed.all_reduce_sum([loss_sum, correct, count], info.device)
+        val_loss, val_acc1 = evaluate(model_without_ddp, criterion, val_loader, info)
+        is_best = val_acc1 > best_acc1
+        best_acc1 = max(best_acc1, val_acc1)
+        epoch, position = epoch + 1, 0
+        checkpointer.save(state(epoch, epoch, 0), epoch_done=True, is_best=is_best)
+        row = EpochMetrics(epoch, step, lr, train_loss / max(train_count, 1), 100.0 * train_correct / max(train_count, 1),
+                           val_loss, val_acc1, time.monotonic() - started)
+        if info.is_main:
+            metrics.append(row)
+        log.info("epoch %d/%d  train loss %.4f acc1 %.2f%%  val loss %.4f acc1 %.2f%%  lr %.4g  %.1fs",
+                 epoch, args.epochs, row.train_loss, row.train_acc1, val_loss, val_acc1, lr, row.seconds)
+
+    if val_acc1 is None:  # resumed a finished run: report what it has
+        _, val_acc1 = evaluate(model_without_ddp, criterion, val_loader, info)
+    if info.is_main:
+        print(f"val acc1 {val_acc1:.2f}% (best {best_acc1:.2f}%) after {epoch} epochs; checkpoint: {checkpointer.last}")
+    distributed.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(get_args_parser().parse_args()))

@@ -1,0 +1,78 @@
+"""Per-epoch metrics: RUN/metrics.csv, and RUN/curves.png drawn from it (rank 0 only)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+
+@dataclass
+class EpochMetrics:
+    epoch: int  # 1-based: the number of epochs completed
+    step: int
+    lr: float
+    train_loss: float
+    train_acc1: float
+    val_loss: float
+    val_acc1: float
+    seconds: float
+
+
+COLUMNS = [f.name for f in fields(EpochMetrics)]
+
+
+class MetricsLog:
+    def __init__(self, folder: Path) -> None:
+        self.csv_path = folder / "metrics.csv"
+        self.png_path = folder / "curves.png"
+
+    def read(self) -> list[EpochMetrics]:
+        if not self.csv_path.is_file():
+            return []
+        with open(self.csv_path, newline="") as f:
+            return [
+                EpochMetrics(**{k: (int if k in ("epoch", "step") else float)(row[k]) for k in COLUMNS})
+                for row in csv.DictReader(f)
+            ]
+
+    def truncate_after(self, epoch: int) -> None:
+        """On resume from an older checkpoint, forget the rows of epochs that will be trained again."""
+        rows = self.read()
+        kept = [r for r in rows if r.epoch <= epoch]
+        if len(kept) != len(rows):
+            self._write(kept)
+
+    def append(self, row: EpochMetrics) -> None:
+        self._write(self.read() + [row])
+        self.plot()
+
+    def _write(self, rows: list[EpochMetrics]) -> None:
+        tmp = self.csv_path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(asdict(r) for r in rows)
+        tmp.replace(self.csv_path)
+
+    def plot(self) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = self.read()
+        epochs = [r.epoch for r in rows]
+        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+        ax_loss.plot(epochs, [r.train_loss for r in rows], "o-", label="train")
+        ax_loss.plot(epochs, [r.val_loss for r in rows], "o-", label="val")
+        ax_loss.set(title="loss", xlabel="epoch", ylabel="cross-entropy")
+        ax_acc.plot(epochs, [r.train_acc1 for r in rows], "o-", label="train")
+        ax_acc.plot(epochs, [r.val_acc1 for r in rows], "o-", label="val")
+        ax_acc.set(title="top-1 accuracy", xlabel="epoch", ylabel="%", ylim=(0, 100))
+        for ax in (ax_loss, ax_acc):
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(self.png_path, dpi=100)
+        plt.close(fig)
