@@ -18,6 +18,7 @@ import logging
 import os
 import pickle
 import random
+import re
 import shutil
 import zipfile
 from dataclasses import dataclass
@@ -99,27 +100,43 @@ def make_meta(arch: str, classes: list[str], preprocessing: dict[str, Any], worl
         "interpolation": preprocessing["interpolation"],
         "channels": preprocessing["channels"],
         "world_size": world_size,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # TorchVersion is a class: weights_only would refuse it
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
 
 # --- reading ------------------------------------------------------------------------------------
 
-def load(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a handoff checkpoint safely (`weights_only=True`), or raise CheckpointError saying why not."""
+class PickleRefused(CheckpointError):
+    """The file holds pickled Python objects that `weights_only=True` will not construct."""
+
+    def __init__(self, path: Path, global_name: str) -> None:
+        super().__init__(f"{path}: holds pickled Python objects ({global_name}), which weights_only=True refuses to run")
+        self.global_name = global_name
+
+
+def read_weights_only(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
+    """`torch.load(weights_only=True)` with one-line errors: missing, empty, damaged, or refused."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"{path}: refused to unpickle it with weights_only=True ({first})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
-        raise CheckpointError(f"{path}: not a readable checkpoint, maybe truncated ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+        if refused:
+            raise PickleRefused(path, refused.group(1)) from None
+        raise CheckpointError(f"{path}: not a readable checkpoint (damaged, truncated, or not a PyTorch file)") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError) as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint, maybe truncated ({detail[:200]})") from None
+
+
+def load(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a handoff checkpoint safely (`weights_only=True`), or raise CheckpointError saying why not."""
+    ckpt = read_weights_only(path, map_location)
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a handoff training checkpoint (expected format {FORMAT!r})")
     missing = [k for k in REQUIRED_KEYS if k not in ckpt]

@@ -13,6 +13,7 @@ same augmentations.
 from __future__ import annotations
 
 import math
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -117,6 +118,12 @@ class ResumableDistributedSampler(Sampler[int]):
         return iter((remaining + permutation[:padding])[self.rank :: self.num_replicas])
 
 
+def _ignore_sigterm(worker_id: int) -> None:
+    """DataLoader workers share their rank's process group, so a SIGTERM sent to the group reaches them too;
+    they leave the decision to the rank (which saves, then exits, taking its workers with it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 @dataclass
 class DataConfig:
     """Where the images come from and how they are shaped."""
@@ -177,7 +184,7 @@ def build_loaders(
             f"(--batch-size {batch_size} x {world_size} processes)"
         )
     sampler = ResumableDistributedSampler(len(ds.train), world_size, rank, seed)
-    common = dict(batch_size=batch_size, num_workers=workers, pin_memory=pin_memory)
+    common = dict(batch_size=batch_size, num_workers=workers, pin_memory=pin_memory, worker_init_fn=_ignore_sigterm)
     # drop_last: a final batch of one image would break BatchNorm in training mode.
     train_loader = DataLoader(ds.train, sampler=sampler, drop_last=True, **common)
     # Validation shards without padding, so the summed counts cover each image exactly once.

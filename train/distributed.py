@@ -49,11 +49,29 @@ def setup(timeout_s: float = 1800.0) -> DistInfo:
         backend = "gloo"
     if "RANK" not in os.environ:
         return DistInfo(0, 1, 0, device, None)
-    init_kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+    timeout = datetime.timedelta(seconds=timeout_s)
+    init_kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        init_kwargs.update(store=_store_for_this_attempt(rank, world_size, timeout), rank=rank, world_size=world_size)
     if backend == "nccl":
         init_kwargs["device_id"] = device
     dist.init_process_group(**init_kwargs)
     return DistInfo(rank, world_size, local_rank, device, backend)
+
+
+def _store_for_this_attempt(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """torchrun's rendezvous store, with a key prefix unique to this restart attempt.
+
+    torchrun (2.14) hands restarted workers the same agent store without a per-attempt prefix, so a
+    restarted gloo rank reads the dead ranks' addresses and hangs in init_process_group. The prefix
+    gives every attempt a clean key space.
+    """
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=not agent_hosts_store and rank == 0, timeout=timeout,
+    )
+    return dist.PrefixStore(f"handoff/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def cleanup() -> None:

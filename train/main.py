@@ -37,7 +37,7 @@ from train.checkpoint import (
 )
 from train.data import DataConfig, build_datasets, build_loaders
 from train.metrics import EpochMetrics, MetricsLog
-from train.models import build_model
+from train.models import build_model, check_arch
 from train.optim import SCHEDULES, OptimConfig, build_optimizer, build_scheduler
 from train.preemption import EXIT_PREEMPTED, StopRequest
 
@@ -151,17 +151,23 @@ def resolve_resume(resume: str, checkpointer: Checkpointer) -> str | None:
 def main(args: argparse.Namespace) -> int:
     info = distributed.setup()
     setup_logging(info.rank)
-    stop = StopRequest()
     try:
-        data_cfg = DataConfig(data=args.data, image_size=args.image_size, resize=args.resize)
-        lr = args.lr if args.lr is not None else 0.1 * args.batch_size * info.world_size / 256
-        optim_cfg = OptimConfig(epochs=args.epochs, lr=lr, momentum=args.momentum,
-                                weight_decay=args.weight_decay, schedule=args.schedule,
-                                step_size=args.step_size, gamma=args.gamma)
-        ckpt_cfg = CheckpointConfig(folder=args.out, keep_last=args.keep_last)
-    except ValueError as err:
+        return train(args, info)
+    except (ValueError, CheckpointError) as err:
         log.error("%s", err)
         return 2
+    finally:
+        distributed.cleanup()
+
+
+def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
+    check_arch(args.arch)
+    stop = StopRequest()
+    lr = args.lr if args.lr is not None else 0.1 * args.batch_size * info.world_size / 256
+    data_cfg = DataConfig(data=args.data, image_size=args.image_size, resize=args.resize)
+    optim_cfg = OptimConfig(epochs=args.epochs, lr=lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                            schedule=args.schedule, step_size=args.step_size, gamma=args.gamma)
+    ckpt_cfg = CheckpointConfig(folder=args.out, keep_last=args.keep_last)
     log.info("world size %d, backend %s, device %s", info.world_size, info.backend or "none", info.device)
 
     torch.manual_seed(args.seed)  # identical initial weights on every rank
@@ -189,11 +195,10 @@ def main(args: argparse.Namespace) -> int:
                 ckpt = load(path, map_location="cpu")
                 log.info("resuming from %s", path)
             except CheckpointError as err:
-                error = str(err)
+                error = f"--resume: {err}"
     ckpt, error = distributed.broadcast_object((ckpt, error))
     if error:
-        log.error("--resume: %s", error)
-        return 2
+        raise CheckpointError(error)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])  # the bare module, before DDP wraps it
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -250,7 +255,6 @@ def main(args: argparse.Namespace) -> int:
             checkpointer.save(state(epoch, epoch, position), epoch_done=False, is_best=False)
             log.warning("preempted: saved %s at epoch %d, step %d; rerun the same command to resume",
                         checkpointer.last, epoch + 1, step)
-            distributed.cleanup()
             return EXIT_PREEMPTED
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step()
@@ -271,7 +275,6 @@ def main(args: argparse.Namespace) -> int:
         _, val_acc1 = evaluate(model_without_ddp, criterion, val_loader, info)
     if info.is_main:
         print(f"val acc1 {val_acc1:.2f}% (best {best_acc1:.2f}%) after {epoch} epochs; checkpoint: {checkpointer.last}")
-    distributed.cleanup()
     return 0
 
 

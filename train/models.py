@@ -25,9 +25,13 @@ def _arch_kwargs(arch: str, image_size: int) -> dict:
     return {}
 
 
-def build_model(arch: str, num_classes: int, image_size: int) -> nn.Module:
-    """A randomly initialised classifier; nothing is ever downloaded."""
+def check_arch(arch: str) -> None:
     if arch not in available_architectures():
         raise ValueError(f"--arch={arch!r} is not a torchvision classifier; try one of: resnet18, resnet50, "
                          f"mobilenet_v3_small, efficientnet_b0, convnext_tiny, vit_b_16 (all: torchvision.models.list_models())")
+
+
+def build_model(arch: str, num_classes: int, image_size: int) -> nn.Module:
+    """A randomly initialised classifier; nothing is ever downloaded."""
+    check_arch(arch)
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes, **_arch_kwargs(arch, image_size))

@@ -1,0 +1,179 @@
+"""The trainer, through real torchrun processes (gloo on the CPU) and the real files they write."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import (
+    assert_same_tensors, free_port, load, run, start, torchrun_cmd, wait_for, TRAIN,
+)
+from train.checkpoint import FORMAT, META_KEYS, REQUIRED_KEYS
+from train.models import build_model
+
+EPOCHS = 5
+# Settings shared by every run that is compared with the reference run; workers > 0 on purpose, so
+# exact resume is shown with DataLoader worker processes in play.
+ARGS = ("--epochs", str(EPOCHS), "--batch-size", "32", "--seed", "1", "--workers", "2")
+# Measured: 2 processes reach 96-97% after 5 epochs on the digits (360 val images); 93% leaves room for noise.
+MIN_VAL_ACC1 = 93.0
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted 2-process run: the baseline the fault tests must reproduce bit for bit."""
+    out = tmp_path_factory.mktemp("reference")
+    result = run(torchrun_cmd(2, *ARGS, "--out", str(out)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "val acc1" in result.stdout
+    return out
+
+
+def test_two_processes_learn_the_digits(reference: Path):
+    rows = metrics_rows(reference)
+    assert [int(r["epoch"]) for r in rows] == list(range(1, EPOCHS + 1))
+    final = float(rows[-1]["val_acc1"])
+    assert final >= MIN_VAL_ACC1, f"val acc1 {final:.2f}% after {EPOCHS} epochs"
+    assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"])
+    assert (reference / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_checkpoint_contract(reference: Path):
+    ckpt = load(reference / "last.pt")  # weights_only=True
+    assert ckpt["format"] == FORMAT
+    assert set(REQUIRED_KEYS) <= ckpt.keys()
+    assert set(META_KEYS) <= ckpt["meta"].keys()
+    meta = ckpt["meta"]
+    assert meta["arch"] == "resnet18" and meta["num_classes"] == 10 and meta["classes"] == [str(i) for i in range(10)]
+    assert meta["world_size"] == 2 and meta["image_size"] == 32 and meta["channels"] == 3
+    # The keys are the bare module's: no DDP `module.`, no `_orig_mod.`.
+    bare = build_model("resnet18", 10, 32).state_dict()
+    assert list(ckpt["model"].keys()) == list(bare.keys())
+    assert all(t.device.type == "cpu" for t in ckpt["model"].values())
+    assert ckpt["epoch"] == EPOCHS and ckpt["sampler"] == {"epoch": EPOCHS, "position": 0}
+    assert len(ckpt["rng"]) == 2, "one RNG state per rank"
+    # last.pt is the newest epoch file; best.pt the best by val accuracy; only the last 3 epoch files kept.
+    epoch_files = sorted(p.name for p in reference.glob("epoch_*.pt"))
+    assert epoch_files == [f"epoch_{e:04d}.pt" for e in range(EPOCHS - 2, EPOCHS + 1)]
+    assert os.path.samefile(reference / "last.pt", reference / f"epoch_{EPOCHS:04d}.pt")
+    best_acc = max(float(r["val_acc1"]) for r in metrics_rows(reference))
+    assert load(reference / "best.pt")["best_acc1"] == pytest.approx(best_acc)
+    assert not list(reference.glob(".*tmp*")), "no temporary file left behind"
+
+
+def test_two_nodes_write_exactly_one_checkpoint(tmp_path: Path):
+    """The ImageNet example saves once per node; handoff saves once per job, on global rank 0."""
+    port = free_port()
+    launcher = ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", "two-nodes")
+    nodes = [tmp_path / f"node{n}" for n in range(2)]
+    procs = [
+        start(torchrun_cmd(2, "--epochs", "1", "--workers", "0", "--out", str(node), launcher_args=launcher),
+              tmp_path / f"node{n}.log")
+        for n, node in enumerate(nodes)
+    ]
+    for proc, node in zip(procs, nodes):
+        assert proc.wait(timeout=600) == 0, (tmp_path / f"{node.name}.log").read_text()
+    holders = [node for node in nodes if (node / "last.pt").is_file()]
+    assert len(holders) == 1, f"checkpoints in {holders}"
+    other = nodes[1 - nodes.index(holders[0])]
+    assert not other.exists() or not any(other.iterdir()), f"{other} should hold nothing: {list(other.iterdir())}"
+    assert load(holders[0] / "last.pt")["meta"]["world_size"] == 4
+
+
+def test_preempted_run_resumes_to_identical_weights(reference: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    log = tmp_path / "first.log"
+    proc = start(torchrun_cmd(2, *ARGS, "--out", str(out)), log)
+    wait_for(lambda: (out / "epoch_0002.pt").exists(), timeout=300, what="epoch 2 checkpoint")
+    time.sleep(1.5)  # into epoch 3
+    proc.send_signal(signal.SIGTERM)  # what a scheduler does before it kills the job
+    proc.wait(timeout=120)
+    assert proc.returncode != 0, "a preempted job must not report success"
+    text = log.read_text()
+    assert "preempted: saved" in text, text
+    preempted = load(out / "last.pt")
+    assert preempted["epoch"] == 2 and preempted["sampler"]["epoch"] == 2
+    assert preempted["sampler"]["position"] > 0, "the SIGTERM checkpoint should be mid-epoch"
+    mid_epoch_copy = tmp_path / "mid_epoch.pt"
+    shutil.copy(out / "last.pt", mid_epoch_copy)
+
+    # Same command again: --resume auto continues from last.pt, mid-epoch, and ends where the reference ended.
+    result = run(torchrun_cmd(2, *ARGS, "--out", str(out)))
+    assert result.returncode == 0, result.stderr
+    assert "resuming from" in result.stderr
+    resumed, ref = load(out / "last.pt"), load(reference / "last.pt")
+    assert_same_tensors(resumed["model"], ref["model"])
+    for a, b in zip(resumed["optimizer"]["state"].values(), ref["optimizer"]["state"].values()):
+        assert_same_tensors(a, b)
+    assert resumed["step"] == ref["step"]
+    assert [int(r["epoch"]) for r in metrics_rows(out)] == list(range(1, EPOCHS + 1))
+
+    # The same mid-epoch checkpoint, resumed by a job of another size.
+    result = run(torchrun_cmd(1, *ARGS, "--out", str(tmp_path / "resized"), "--resume", str(mid_epoch_copy)))
+    assert result.returncode == 0, result.stderr
+    assert "per-rank RNG state not restored" in result.stderr
+    resized = load(tmp_path / "resized" / "last.pt")
+    assert resized["epoch"] == EPOCHS and resized["meta"]["world_size"] == 1
+    # Steps continue from the checkpoint: 1 process takes twice as many steps per sample as 2 did.
+    assert resized["step"] > preempted["step"]
+
+
+def test_worker_crash_restarts_and_matches_reference(reference: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    log = tmp_path / "torchrun.log"
+    proc = start(torchrun_cmd(2, *ARGS, "--out", str(out), launcher_args=("--standalone", "--max-restarts", "2")), log)
+    wait_for(lambda: (out / "epoch_0002.pt").exists(), timeout=300, what="epoch 2 checkpoint")
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if TRAIN in " ".join(p.cmdline())
+               and p.ppid() == proc.pid]
+    assert len(workers) == 2, workers
+    workers[1].send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=600) == 0, log.read_text()
+    assert "resuming from" in log.read_text()
+    assert_same_tensors(load(out / "last.pt")["model"], load(reference / "last.pt")["model"])
+
+
+def test_sigkill_during_checkpoint_write_keeps_last_loadable(tmp_path: Path):
+    out = tmp_path / "run"
+    cmd = [torchrun_cmd(1)[0], TRAIN, "--epochs", "3", "--workers", "0", "--out", str(out)]
+    proc = start(cmd, tmp_path / "train.log")
+
+    def writing_epoch_2():
+        return list(out.glob(".epoch_0002.pt.tmp.*"))
+
+    wait_for(writing_epoch_2, timeout=300, interval=0.001, what="the epoch-2 checkpoint write")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert writing_epoch_2(), "the kill should have landed mid-write, leaving the temporary file"
+    survivor = load(out / "last.pt")  # weights_only=True, complete
+    assert survivor["epoch"] == 1
+
+    result = run(cmd)
+    assert result.returncode == 0, result.stderr
+    assert not writing_epoch_2(), "the stale temporary is cleaned up on restart"
+    assert load(out / "last.pt")["epoch"] == 3
+    assert [int(r["epoch"]) for r in metrics_rows(out)] == [1, 2, 3]
+
+
+def test_bad_arguments_fail_with_one_clear_line(tmp_path: Path):
+    result = run([torchrun_cmd(1)[0], TRAIN, "--arch", "resnet19", "--out", str(tmp_path / "x")])
+    assert result.returncode != 0
+    assert "--arch='resnet19' is not a torchvision classifier" in result.stderr
+    assert "Traceback" not in result.stderr
+    bogus = tmp_path / "bogus.pt"
+    bogus.write_bytes(b"not a checkpoint")
+    result = run([torchrun_cmd(1)[0], TRAIN, "--resume", str(bogus), "--out", str(tmp_path / "y")])
+    assert result.returncode == 2
+    assert "not a readable checkpoint" in result.stderr and "Traceback" not in result.stderr
