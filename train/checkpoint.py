@@ -33,6 +33,7 @@ from train import distributed
 log = logging.getLogger(__name__)
 
 FORMAT = "handoff.checkpoint/1"
+EMBEDDED_DIGITS = "embedded:digits"
 LAST, BEST = "last.pt", "best.pt"
 EPOCH_PATTERN = "epoch_{:04d}.pt"
 _TMP_MARK = ".tmp."
@@ -87,9 +88,10 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def make_meta(arch: str, classes: list[str], preprocessing: dict[str, Any], world_size: int) -> dict[str, Any]:
+def make_meta(arch: str, classes: list[str], preprocessing: dict[str, Any], world_size: int, data: str) -> dict[str, Any]:
     """Everything export needs to rebuild the model and its input pipeline with no flags."""
     return {
+        "data": data,  # EMBEDDED_DIGITS or the ImageFolder root: where export finds real images for parity
         "arch": arch,
         "num_classes": len(classes),
         "classes": list(classes),

@@ -17,6 +17,7 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from tqdm import tqdm
 from train import distributed
 from train.checkpoint import (
     CheckpointConfig,
+    EMBEDDED_DIGITS,
     CheckpointError,
     Checkpointer,
     capture_rng,
@@ -182,7 +184,8 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     criterion = nn.CrossEntropyLoss()
     checkpointer = Checkpointer(ckpt_cfg, info.is_main)
     metrics = MetricsLog(ckpt_cfg.folder)
-    meta = make_meta(args.arch, ds.classes, ds.preprocessing.to_meta(), info.world_size)
+    meta = make_meta(args.arch, ds.classes, ds.preprocessing.to_meta(), info.world_size,
+                     data=str(Path(args.data).resolve()) if args.data else EMBEDDED_DIGITS)
 
     torch.manual_seed(args.seed + info.rank)  # from here on, each rank draws its own random numbers
     epoch, position, step, best_acc1 = 0, 0, 0, 0.0

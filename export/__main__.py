@@ -1,0 +1,205 @@
+"""Export a checkpoint to TorchScript, ONNX and safetensors, and prove numerical parity.
+
+    python -m export runs/demo/last.pt                       # a handoff checkpoint: no flags needed
+    python -m export model_best.pth.tar                      # the ImageNet example's checkpoint (arch inside)
+    python -m export weights.pth --arch resnet50             # a bare state_dict, DDP-prefixed or not
+    python -m export model.pt --trust-pickle                 # a whole pickled nn.Module (only if you trust it)
+
+Exit status: 0 exported and parity passed; 2 bad input or usage (one line on stderr, nothing written);
+3 parity failed (report printed, folder written with status "failed", never registered).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from export import bento
+from export.architecture import resolve_model
+from export.exporters import check_eval_mode, export_onnx, export_safetensors, export_torchscript
+from export.inputs import parity_inputs
+from export.manifest import (
+    FORMATS, MANIFEST_FORMAT, ONNX, SAFETENSORS, TORCHSCRIPT, describe_artifacts, embedded_fields, write_manifest,
+)
+from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_precision, run_parity
+from export.sources import read_source
+from export.unwrap import LoadMismatch, strict_load
+from train.checkpoint import CheckpointError
+
+log = logging.getLogger("export")
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_PARITY = 0, 2, 3
+EXPORT_BATCH = 2
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m export", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("checkpoint", type=Path, help="a .pt/.pth/.ckpt/.safetensors file")
+    p.add_argument("--out", type=Path, default=None, help="export folder (default: CHECKPOINT's folder/<name>.export)")
+    p.add_argument("--arch", default=None, help="torchvision architecture, when the checkpoint does not say")
+    p.add_argument("--model", default=None, help="module:factory building your own nn.Module (gets num_classes= if it takes it)")
+    p.add_argument("--image-size", type=int, default=None, help="input side, when the checkpoint does not say (default 224)")
+    p.add_argument("--labels", type=Path, default=None, help="class names, one per line, in index order")
+    p.add_argument("--formats", default="onnx,torchscript,safetensors", help="comma-separated subset of " + ",".join(FORMATS))
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the eager reference runs")
+    p.add_argument("--fp16", action="store_true", help="export half-precision artifacts (checked with fp16 tolerances)")
+    p.add_argument("--samples", type=Path, default=None, help="folder of real images for the parity check")
+    p.add_argument("--atol", type=float, default=None, help="parity absolute tolerance (fp32 1e-4, fp16 5e-2)")
+    p.add_argument("--rtol", type=float, default=None, help="parity relative tolerance (fp32 1e-3, fp16 5e-2)")
+    p.add_argument("--trust-pickle", action="store_true", help="allow full unpickling (runs code from the file!)")
+    p.add_argument("--name", default=bento.DEFAULT_NAME, help="model name in the BentoML model store")
+    p.add_argument("--no-bento", action="store_true", help="do not register the result in the BentoML model store")
+    return p
+
+
+def _device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _formats(value: str) -> list[str]:
+    formats = [f.strip() for f in value.split(",") if f.strip()]
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise ValueError(f"--formats={value!r}: choose from {', '.join(FORMATS)}")
+    return formats
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import torchvision
+
+    return {"torch": str(torch.__version__), "torchvision": torchvision.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__}
+
+
+def export(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    formats = _formats(args.formats)
+    device = _device(args.device)
+    labels = args.labels.read_text().split("\n") if args.labels else None
+    if labels is not None:
+        labels = [line.strip() for line in labels if line.strip()]
+    src = read_source(args.checkpoint, trust_pickle=args.trust_pickle)
+    spec = resolve_model(src, args.arch, args.model, args.image_size, labels)
+    if src.module is None or args.arch or args.model:
+        strict_load(spec.model, spec.unwrapped.state_dict, spec.arch)
+    if spec.unwrapped.removed:
+        log.info("removed wrapper prefixes: %s", ", ".join(spec.unwrapped.removed))
+    if src.device_tags and src.device_tags != ["cpu"]:
+        log.info("tensors saved on %s, loaded on the CPU", ", ".join(src.device_tags))
+    model = spec.model.float().eval()
+    check_eval_mode(model)
+
+    pre = spec.preprocess
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "arch": spec.arch,
+        "num_classes": spec.num_classes,
+        "classes": spec.classes,
+        "input": {"shape": [-1, pre["channels"], pre["crop"], pre["crop"]],
+                  "dtype": "float16" if args.fp16 else "float32", "layout": "NCHW"},
+        "preprocess": pre,
+        "source": {"checkpoint": str(args.checkpoint.resolve()), "sha256": src.sha256, "container": src.kind,
+                   "removed_prefixes": spec.unwrapped.removed, "ignored_keys": spec.unwrapped.ignored[:20],
+                   "device_tags": [t for t in src.device_tags if t != "cpu"]},
+    }
+    out = args.out or args.checkpoint.parent / f"{args.checkpoint.stem}.export"
+    staging = out.parent / f".{out.name}.tmp.{os.getpid()}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging.mkdir()
+    try:
+        status = _write_and_check(model, spec, src, args, formats, device, manifest, staging)
+        _replace_folder(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    seconds = time.monotonic() - started
+    if status != EXIT_OK:
+        print(json.dumps(manifest["parity"], indent=2), file=sys.stderr)
+        print(f"export: parity FAILED; {out} is marked failed (manifest status) and was not registered", file=sys.stderr)
+        return status
+    tag = None if args.no_bento else bento.register(out, manifest, args.name)
+    print(f"exported {spec.arch} ({spec.num_classes} classes) to {out} in {seconds:.1f}s; parity passed"
+          + (f"; BentoML model {tag}" if tag else ""))
+    return EXIT_OK
+
+
+def _write_and_check(model, spec, src, args, formats, device, manifest, folder: Path) -> int:
+    pre = spec.preprocess
+    example = torch.randn(EXPORT_BATCH, pre["channels"], pre["crop"], pre["crop"])
+    artifact_model = copy.deepcopy(model).half() if args.fp16 else model  # the fp32 model stays the reference
+    example_typed = example.half() if args.fp16 else example
+    exported: dict[str, dict] = {}
+    with torch.inference_mode(False), torch.no_grad():
+        if "onnx" in formats:
+            exported["onnx"] = export_onnx(artifact_model, example_typed, folder / ONNX, embedded_fields(manifest))
+        if "torchscript" in formats:
+            fields = {k: manifest[k] for k in manifest if k != "source"}
+            exported["torchscript"] = export_torchscript(artifact_model, example_typed, folder / TORCHSCRIPT, fields)
+        if "safetensors" in formats:
+            exported["safetensors"] = export_safetensors(artifact_model, folder / SAFETENSORS, spec.arch)
+    manifest["onnx"] = {"opset": exported["onnx"]["opset"], "external_data": exported["onnx"]["external_data"],
+                        "input_name": "input", "output_name": "logits"} if "onnx" in exported else None
+
+    precision = pin_precision()
+    tol_default = DEFAULT_TOLERANCES["fp16" if args.fp16 else "fp32"]
+    tol = Tolerance(args.atol if args.atol is not None else tol_default.atol,
+                    args.rtol if args.rtol is not None else tol_default.rtol, tol_default.min_top1)
+    inputs, described = parity_inputs(pre, (src.meta or {}).get("data"), args.samples)
+    results = run_parity(model, folder, inputs, formats, device, args.fp16, tol) if {"onnx", "torchscript"} & set(formats) else []
+    manifest["parity"] = parity_report(results, device, args.fp16, tol, precision, len(inputs))
+    manifest["parity"]["inputs_described"] = described
+    if not results:
+        manifest["parity"]["pass"] = True  # weights only: nothing computes, nothing to compare
+    manifest["artifacts"] = describe_artifacts(folder, [f for e in exported.values() for f in e["files"]])
+    manifest["versions"] = _versions()
+    manifest["status"] = "passed" if manifest["parity"]["pass"] else "failed"
+    write_manifest(folder, manifest)
+    return EXIT_OK if manifest["parity"]["pass"] else EXIT_PARITY
+
+
+def _replace_folder(staging: Path, out: Path) -> None:
+    """Swap the finished folder in: `out` is never a half-written export."""
+    if out.exists():
+        old = out.parent / f".{out.name}.old.{os.getpid()}"
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old)
+    else:
+        staging.rename(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = get_args_parser().parse_args(argv)
+    # Our own progress at INFO; the exporter's internals (onnxscript passes) only when they warn.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    log.setLevel(logging.INFO)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.jit")
+    try:
+        return export(args)
+    except (CheckpointError, LoadMismatch, ValueError, OSError) as err:
+        print(f"export: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Register an export folder in the BentoML model store, so `bentoml serve` finds it without a path."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+DEFAULT_NAME = "handoff"
+
+
+def register(folder: Path, manifest: dict[str, Any], name: str = DEFAULT_NAME) -> str:
+    """Copy the export folder into a new model version; returns its tag (name:version)."""
+    import bentoml
+
+    labels = {"arch": manifest["arch"], "num_classes": str(manifest["num_classes"])}
+    metadata = {"manifest_format": manifest["format"], "source_sha256": manifest["source"]["sha256"]}
+    with bentoml.models.create(name, labels=labels, metadata=metadata) as model:
+        for item in folder.iterdir():
+            shutil.copy2(item, Path(model.path) / item.name)
+    return str(model.tag)

@@ -1,0 +1,47 @@
+"""Parity inputs: real images through the model's own preprocessing, plus random tensors."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from train.checkpoint import EMBEDDED_DIGITS
+from train.presets import Preprocessing, eval_transform
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
+
+
+def _real_images(data: str | None, samples: Path | None, limit: int) -> tuple[list[Image.Image], str]:
+    if samples is not None:
+        files = sorted(p for p in samples.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
+        if not files:
+            raise ValueError(f"--samples={samples}: no images found (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
+        return [Image.open(p).convert("RGB") for p in files], str(samples)
+    if data == EMBEDDED_DIGITS:
+        from train.data import digits_split
+
+        (_, _), (x_val, _) = digits_split()
+        return [Image.fromarray(img).convert("RGB") for img in x_val[:limit]], "digits validation images"
+    if data and (Path(data) / "val").is_dir():
+        return _real_images(None, Path(data) / "val", limit)
+    from sklearn.datasets import load_sample_images  # two real photos that ship with scikit-learn
+
+    return [Image.fromarray(img) for img in load_sample_images().images], "scikit-learn sample photos"
+
+
+def parity_inputs(preprocess: dict[str, Any], data: str | None, samples: Path | None,
+                  real: int = 16, random: int = 16, seed: int = 0) -> tuple[torch.Tensor, str]:
+    transform = eval_transform(Preprocessing(**{**preprocess, "mean": tuple(preprocess["mean"]),
+                                                 "std": tuple(preprocess["std"])}))
+    images, origin = _real_images(data, samples, real)
+    real_batch = torch.stack([transform(img) for img in images])
+    generator = torch.Generator().manual_seed(seed)
+    noise = torch.randn((random, *real_batch.shape[1:]), generator=generator)
+    log.info("parity inputs: %d real (%s) + %d random", len(images), origin, random)
+    return torch.cat([real_batch, noise]), f"{len(images)} real ({origin}) + {random} random"

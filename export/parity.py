@@ -1,0 +1,134 @@
+"""Prove the artifacts compute what the eager model computes, on the same inputs.
+
+Reference: the eager model on the GPU where there is one (else the CPU), fp32 with TF32 off.
+Compared: ONNX Runtime on the CPU provider, and on the CUDA provider where present (checked with
+`get_providers()`, since ONNX Runtime falls back to the CPU silently), and TorchScript.
+Inputs: real images through the model's own preprocessing plus random ones, in batches of 1, the
+export batch and a larger one, so the dynamic batch axis is exercised.
+
+An artifact passes when every logit satisfies |a - b| <= atol + rtol * |b| and its top-1 agrees with
+the reference on at least `min_top1` of the inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from export.manifest import ONNX, TORCHSCRIPT
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZES = (1, 2, 8)  # 2 is the export batch
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    min_top1: float  # fraction of inputs whose arg-max must agree
+
+
+# fp32: kernels differ in summation order only; fp16: 10-bit mantissas and a few near-ties in top-1.
+DEFAULT_TOLERANCES = {"fp32": Tolerance(1e-4, 1e-3, 1.0), "fp16": Tolerance(5e-2, 5e-2, 0.97)}
+
+
+@dataclass
+class Comparison:
+    artifact: str
+    runtime: str
+    provider: str
+    device: str
+    max_abs_error: float
+    max_rel_error: float  # max |a - b| / max |b|: relative to the logits' scale
+    top1_agreement: float
+    passed: bool
+
+
+def pin_precision() -> dict[str, Any]:
+    """TF32 off on the PyTorch side (ONNX Runtime's CUDA side gets use_tf32=0 per session)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return {"tf32": False, "cudnn_allow_tf32": False, "matmul_allow_tf32": False, "ort_cuda_use_tf32": 0}
+
+
+def _compare(reference: np.ndarray, other: np.ndarray, tol: Tolerance) -> tuple[float, float, float, bool]:
+    diff = np.abs(other.astype(np.float64) - reference.astype(np.float64))
+    max_abs = float(diff.max())
+    max_rel = max_abs / max(float(np.abs(reference).max()), 1e-12)
+    top1 = float((other.argmax(1) == reference.argmax(1)).mean())
+    close = bool(np.all(diff <= tol.atol + tol.rtol * np.abs(reference)))
+    return max_abs, max_rel, top1, close and top1 >= tol.min_top1
+
+
+def _batches(inputs: torch.Tensor) -> list[torch.Tensor]:
+    return [inputs[i : i + b] for b in BATCH_SIZES for i in range(0, len(inputs) - b + 1, b)]
+
+
+def _onnx_session(path: Path, provider: str, device_index: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if provider == "CUDAExecutionProvider":
+        providers = [("CUDAExecutionProvider", {"device_id": device_index, "use_tf32": 0}), "CPUExecutionProvider"]
+    session = ort.InferenceSession(str(path), options, providers=providers)
+    active = session.get_providers()[0]
+    if active != provider:
+        raise RuntimeError(f"ONNX Runtime was asked for {provider} but runs on {active}")
+    return session
+
+
+def run_parity(model: nn.Module, folder: Path, inputs: torch.Tensor, formats: list[str], device: torch.device,
+               fp16: bool, tol: Tolerance) -> list[Comparison]:
+    """Compare every artifact in `folder` with the eager fp32 `model` on `device`."""
+    model = model.float().to(device).eval()
+    batches = _batches(inputs)
+    with torch.inference_mode():
+        reference = [model(b.to(device)).float().cpu().numpy() for b in batches]
+    feed_dtype = torch.float16 if fp16 else torch.float32
+    runners: list[tuple[str, str, str, str, Callable[[torch.Tensor], np.ndarray]]] = []
+    if "onnx" in formats:
+        providers = ["CPUExecutionProvider"] + (["CUDAExecutionProvider"] if device.type == "cuda" else [])
+        for provider in providers:
+            session = _onnx_session(folder / ONNX, provider, device.index or 0)
+            dev = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
+            runners.append((ONNX, "onnxruntime", provider, dev,
+                            lambda b, s=session: s.run(None, {"input": b.to(feed_dtype).numpy()})[0]))
+    if "torchscript" in formats:
+        scripted = torch.jit.load(str(folder / TORCHSCRIPT), map_location=device).eval()
+
+        def run_ts(b: torch.Tensor) -> np.ndarray:
+            with torch.inference_mode():
+                return scripted(b.to(device, feed_dtype)).float().cpu().numpy()
+
+        runners.append((TORCHSCRIPT, "torchscript", "torch", device.type, run_ts))
+
+    results = []
+    for artifact, runtime, provider, dev, run in runners:
+        outputs = [run(b) for b in batches]
+        max_abs, max_rel, top1, passed = _compare(np.concatenate(reference), np.concatenate(outputs), tol)
+        results.append(Comparison(artifact, runtime, provider, dev, max_abs, max_rel, top1, passed))
+        log.info("parity %-22s %-22s max abs %.2e  max rel %.2e  top-1 %.1f%%  %s", artifact, provider,
+                 max_abs, max_rel, 100 * top1, "pass" if passed else "FAIL")
+    return results
+
+
+def parity_report(results: list[Comparison], device: torch.device, fp16: bool, tol: Tolerance,
+                  precision: dict[str, Any], num_inputs: int) -> dict[str, Any]:
+    return {
+        "device": str(device),
+        "precision": {"policy": "fp16 artifacts vs fp32 eager" if fp16 else "fp32", **precision},
+        "tolerance": asdict(tol),
+        "batch_sizes": list(BATCH_SIZES),
+        "inputs": num_inputs,
+        "results": [asdict(r) for r in results],
+        "pass": bool(results) and all(r.passed for r in results),
+    }
