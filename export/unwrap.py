@@ -41,9 +41,10 @@ def _candidates(key: str) -> list[tuple[str, tuple[str, ...], str | None]]:
             kept = [p for i, p in enumerate(parts) if i not in drop]
             removed = tuple(parts[i] for i in drop)
             out.append((".".join(kept), removed, None))
-            if len(kept) > 1:
+            if len(kept) > 1 and kept[0] not in WRAPPER_SEGMENTS:
                 out.append((".".join(kept[1:]), removed, kept[0]))
-    out.sort(key=lambda c: len(c[1]) + (c[2] is not None))
+    # Fewest removals first; an attribute prefix only after the wrapper segments have been tried.
+    out.sort(key=lambda c: len(c[1]) + (1.5 if c[2] is not None else 0))
     return out
 
 

@@ -127,7 +127,7 @@ def read_weights_only(path: str | os.PathLike, map_location: Any = "cpu") -> Any
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+        refused = re.search(r"unsupported (?:global: )?GLOBAL ([\w.]+)", str(err), re.IGNORECASE)
         if refused:
             raise PickleRefused(path, refused.group(1)) from None
         raise CheckpointError(f"{path}: not a readable checkpoint (damaged, truncated, or not a PyTorch file)") from None
