@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Train on the embedded digits with $(NPROC) DDP processes, then export and verify the checkpoint.
 demo: install
-	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) train/main.py --out $(RUN) --epochs 8
+	rm -rf $(RUN)
+	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) train/main.py --out $(RUN) --epochs 8 --workers 0
+	$(BIN)/python -m export $(RUN)/last.pt
 
 test: install
 	$(BIN)/python -m pytest

@@ -233,7 +233,7 @@ def test_usage_errors(checkpoints, tmp_path: Path):
         assert_one_line_error(export_cli(bare, "--arch", fx.ARCH, "--device", "cuda", "--no-bento"), "no CUDA")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU check script covers it)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_parity_on_cuda(checkpoints, tmp_path: Path):
     out = tmp_path / "cuda"
     result = export_cli(str(checkpoints["cuda3.pth"]), "--arch", fx.ARCH, "--image-size", "32", "--device", "cuda",
