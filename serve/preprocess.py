@@ -1,0 +1,102 @@
+"""Image bytes -> the model's input, reproducing torchvision's evaluation transform with PIL and NumPy.
+
+Resize(shorter side) -> CenterCrop -> ToTensor -> Normalize, computed the way torchvision computes it on
+a PIL image, so a served model sees what validation saw (tests compare the two on the same images).
+No torch here: the serving path stays free of it.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+ACCEPTED_FORMATS = {"JPEG", "PNG", "WEBP", "BMP", "GIF"}
+_RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
+             "bicubic": Image.Resampling.BICUBIC}
+
+
+class BadImage(ValueError):
+    """The upload cannot be used; `status` is the HTTP status that says why."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Preprocessor:
+    resize: int
+    crop: int
+    mean: np.ndarray  # shape (C, 1, 1), float32
+    std: np.ndarray
+    interpolation: str
+    max_pixels: int
+
+    @classmethod
+    def from_manifest(cls, preprocess: dict[str, Any], max_pixels: int) -> "Preprocessor":
+        shape = (-1, 1, 1)
+        return cls(int(preprocess["resize"]), int(preprocess["crop"]),
+                   np.asarray(preprocess["mean"], dtype=np.float32).reshape(shape),
+                   np.asarray(preprocess["std"], dtype=np.float32).reshape(shape),
+                   preprocess["interpolation"], max_pixels)
+
+    def decode(self, data: bytes) -> Image.Image:
+        """Open, check and normalise an upload to an 8-bit RGB image, upright per its EXIF orientation."""
+        if not data:
+            raise BadImage("the image is empty (0 bytes)")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(data))  # reads the header only
+        except UnidentifiedImageError:
+            raise BadImage("not an image PIL can identify (expected JPEG, PNG, WebP, BMP or GIF)") from None
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise BadImage("image dimensions exceed the pixel limit", status=413) from None
+        if image.format not in ACCEPTED_FORMATS:
+            raise BadImage(f"unsupported image format {image.format}; send JPEG, PNG, WebP, BMP or GIF", status=415)
+        width, height = image.size
+        if width * height > self.max_pixels:  # checked before any pixel is decoded
+            raise BadImage(f"image is {width}x{height} = {width * height} pixels, above the limit of "
+                           f"{self.max_pixels}", status=413)
+        try:
+            image.seek(0)  # animated GIF/WebP: the first frame
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            return _to_rgb(image)
+        except (OSError, SyntaxError, ValueError) as err:
+            raise BadImage(f"the image data is damaged or truncated ({err})") from None
+
+    def __call__(self, image: Image.Image) -> np.ndarray:
+        """An RGB PIL image -> float32 array (C, crop, crop), normalised."""
+        width, height = image.size
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = self.resize, int(self.resize * long / short)
+        size = (new_short, new_long) if width <= height else (new_long, new_short)
+        if size != image.size:
+            image = image.resize(size, _RESAMPLE[self.interpolation])
+        image = _center_crop(image, self.crop)
+        array = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
+        return (array - self.mean) / self.std
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit: scale to 8 bits instead of clipping at 255
+        array = np.asarray(image, dtype=np.uint32)
+        scale = 257 if array.max(initial=0) > 255 else 1
+        image = Image.fromarray((array // scale).clip(0, 255).astype(np.uint8))
+    elif image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    return image.convert("RGB")
+
+
+def _center_crop(image: Image.Image, size: int) -> Image.Image:
+    """torchvision's center_crop offsets; the resize before it (resize >= crop) leaves no padding to do."""
+    width, height = image.size
+    top = int(round((height - size) / 2.0))
+    left = int(round((width - size) / 2.0))
+    return image.crop((left, top, left + size, top + size))

@@ -1,0 +1,171 @@
+"""The HTTP service: an exported classifier behind ONNX Runtime (or TorchScript), with adaptive batching.
+
+From the repo root (bentofile.yaml names this class):
+    HANDOFF_MODEL_DIR=runs/demo/last.export bentoml serve        # an export folder
+    bentoml serve                                                # the newest `handoff` model in the store
+Settings (environment): HANDOFF_RUNTIME=onnx|torchscript, HANDOFF_DEVICE=auto|cpu|cuda,
+HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATENCY_MS, HANDOFF_MAX_BODY_MB, HANDOFF_MAX_PIXELS.
+
+Decoding and preprocessing run in worker threads outside the batched call; only validated tensors
+reach the batcher, so a bad request can never fail the good ones batched with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from http import HTTPStatus
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import bentoml
+import numpy as np
+from bentoml.exceptions import BentoMLException
+from bentoml.validators import DType, Shape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from export.manifest import ONNX_DATA, ManifestError, read_manifest, verify_artifacts
+from serve.config import ServeConfig
+from serve.limits import RequestLimits
+from serve.preprocess import BadImage, Preprocessor
+from serve.runtime import RuntimeUnavailable, load_runtime, softmax
+
+log = logging.getLogger("handoff.serve")
+CONFIG = ServeConfig()
+VERSION = "0.1.0"
+
+
+class RequestError(BentoMLException):
+    """A 4xx with a JSON body naming the problem."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message, error_code=HTTPStatus(status))
+
+
+def _declared_input_shape() -> tuple[int, ...] | None:
+    """The model's input shape, read at import so the batched endpoint validates each request on its own."""
+    try:
+        return tuple(read_manifest(CONFIG.locate_model())["input"]["shape"])
+    except Exception:  # no model yet: the service will say so and stay not-ready
+        return None
+
+
+INPUT_SHAPE = _declared_input_shape()
+Batch = Annotated[np.ndarray, Shape(INPUT_SHAPE), DType("float32")] if INPUT_SHAPE else np.ndarray
+
+
+async def _get_info(request: Request) -> JSONResponse:
+    return JSONResponse(bentoml.get_current_service().describe())
+
+
+info_app = Starlette(routes=[Route("/info", _get_info, methods=["GET"])])
+
+
+@bentoml.asgi_app(info_app, path="/")
+@bentoml.service(name="handoff", traffic={"timeout": 60})
+class HandoffClassifier:
+    # Referenced at class level so `bentoml build` packs the model; not used when HANDOFF_MODEL_DIR is set.
+    bento_model = None if CONFIG.model_dir else bentoml.models.BentoModel(f"{CONFIG.model_name}:latest")
+
+    def __init__(self) -> None:
+        self.not_ready: str | None = None
+        started = time.monotonic()
+        try:
+            self._load()
+        except (ManifestError, RuntimeUnavailable, ValueError, OSError, BentoMLException) as err:
+            self.not_ready = str(err)
+            log.error("not ready: %s", err)
+            return
+        log.info("ready in %.1fs: %s on %s (%s), warm for batch sizes %s", time.monotonic() - started,
+                 self.manifest["arch"], self.runtime.device, self.runtime.provider, CONFIG.batch_buckets())
+
+    def _load(self) -> None:
+        self.folder = CONFIG.locate_model()
+        self.manifest = read_manifest(self.folder)
+        self.runtime_artifact = "model.onnx" if CONFIG.runtime == "onnx" else "model.torchscript.pt"
+        checked = [self.runtime_artifact, ONNX_DATA]
+        verify_artifacts(self.folder, self.manifest, checked)  # a tampered artifact is never served
+        self.runtime = load_runtime(CONFIG.runtime, self.folder, CONFIG.device, self.manifest["input"]["dtype"])
+        self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
+        self.input_shape = tuple(self.manifest["input"]["shape"][1:])
+        self.classes = self.manifest["classes"]
+        for size in CONFIG.batch_buckets():  # so the first real request is not the slow one
+            self.runtime(np.zeros((size, *self.input_shape), dtype=np.float32))
+
+    def __is_ready__(self) -> bool:
+        return self.not_ready is None
+
+    def _require_ready(self) -> None:
+        if self.not_ready is not None:
+            raise RequestError(f"model not ready: {self.not_ready}", status=503)
+
+    @bentoml.api(batchable=True, max_batch_size=CONFIG.max_batch_size, max_latency_ms=CONFIG.max_latency_ms)
+    def infer(self, batch: Batch) -> np.ndarray:
+        """The batched model call (logits). Clients use /predict or /classify, which validate first."""
+        return self.runtime(batch)
+
+    async def _logits(self, batch: np.ndarray) -> np.ndarray:
+        return np.asarray(await self.to_async.infer(batch), dtype=np.float32)
+
+    @bentoml.api
+    async def classify(self, image: Path, top_k: int = 5) -> dict[str, Any]:
+        """Classify an uploaded image (multipart field `image`: JPEG, PNG, WebP, BMP or GIF)."""
+        self._require_ready()
+        if not 1 <= top_k <= 1000:
+            raise RequestError(f"top_k={top_k}: must be between 1 and 1000")
+        array = await anyio.to_thread.run_sync(self._prepare, image)
+        probabilities = softmax(await self._logits(array[None]))[0]
+        order = np.argsort(-probabilities)[: min(top_k, len(self.classes))]
+        return {"predictions": [{"label": self.classes[i], "index": int(i), "probability": float(probabilities[i])}
+                                for i in order]}
+
+    def _prepare(self, path: Path) -> np.ndarray:
+        try:
+            return self.preprocessor(self.preprocessor.decode(Path(path).read_bytes()))
+        except BadImage as err:
+            raise RequestError(str(err), status=err.status) from None
+
+    @bentoml.api
+    async def predict(self, tensor: list) -> dict[str, Any]:
+        """Logits and probabilities for a preprocessed float tensor N x C x H x W (JSON nested lists)."""
+        self._require_ready()
+        try:
+            batch = np.asarray(tensor, dtype=np.float32)
+        except (ValueError, TypeError):
+            raise RequestError("tensor must be a rectangular nested list of numbers") from None
+        if batch.ndim != 4 or batch.shape[1:] != self.input_shape or batch.shape[0] < 1:
+            raise RequestError(f"tensor has shape {list(batch.shape)}; expected [N, {', '.join(map(str, self.input_shape))}]")
+        if batch.shape[0] > CONFIG.max_batch_size:
+            raise RequestError(f"at most {CONFIG.max_batch_size} images per request, got {batch.shape[0]}")
+        if not np.isfinite(batch).all():
+            raise RequestError("tensor contains NaN or Inf")
+        logits = await self._logits(batch)
+        return {"logits": logits.tolist(), "probabilities": softmax(logits).tolist()}
+
+    def describe(self) -> dict[str, Any]:
+        """What is being served, and on what (GET /info)."""
+        if self.not_ready is not None:
+            return {"ready": False, "reason": self.not_ready, "version": VERSION}
+        m = self.manifest
+        return {
+            "ready": True,
+            "version": VERSION,
+            "model": {"arch": m["arch"], "num_classes": m["num_classes"], "classes": m["classes"],
+                      "input": m["input"], "preprocess": m["preprocess"], "source": m["source"],
+                      "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},
+                      "sha256": m["artifacts"][self.runtime_artifact]["sha256"], "folder": str(self.folder)},
+            "runtime": self.runtime.name,
+            "provider": self.runtime.provider,
+            "device": self.runtime.device,
+            "batching": {"max_batch_size": CONFIG.max_batch_size, "max_latency_ms": CONFIG.max_latency_ms},
+        }
+
+
+HandoffClassifier.add_asgi_middleware(
+    RequestLimits, max_bytes=CONFIG.max_body_bytes,
+    content_types={"/classify": "multipart/form-data", "/predict": "application/json"},
+)
