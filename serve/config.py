@@ -27,7 +27,8 @@ class ServeConfig:
     device: str = field(default_factory=lambda: os.environ.get("HANDOFF_DEVICE", "auto"))
     """auto | cpu | cuda; cuda that cannot be had keeps the service not-ready"""
     max_batch_size: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_BATCH_SIZE", 32))
-    max_latency_ms: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_LATENCY_MS", 20))
+    max_latency_ms: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_LATENCY_MS", 10_000))
+    """BentoML's batching budget: requests it expects to wait longer are refused with 503, so keep it generous"""
     max_body_bytes: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_BODY_MB", 20) * 1024 * 1024)
     max_pixels: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_PIXELS", 40_000_000))
     """decompression-bomb guard: larger images are refused before decoding"""

@@ -22,11 +22,37 @@ async def _json_error(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def _form_problem(scope: Scope, body: bytes, fields: dict[str, str]) -> str | None:
+    """What is wrong with a multipart body's fields (unknown, missing, or a text where a file belongs)."""
+    from starlette.requests import Request
+
+    async def replay() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(scope, replay).form()
+    except Exception as err:  # noqa: BLE001 - any parse failure is the client's malformed body
+        return f"malformed multipart body ({err})"
+    try:
+        unknown = sorted(set(form.keys()) - set(fields))
+        if unknown:
+            return f"unknown field(s) {', '.join(unknown)}; expected {', '.join(fields)}"
+        for name, kind in fields.items():
+            value = form.get(name)
+            if kind == "file" and not hasattr(value, "filename"):
+                return f"missing file field '{name}'" if value is None else f"field '{name}' must be a file upload"
+        return None
+    finally:
+        await form.close()
+
+
 class RequestLimits:
-    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int, content_types: dict[str, str]) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int, content_types: dict[str, str],
+                 form_fields: dict[str, dict[str, str]]) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.content_types = content_types  # route -> the one media type it accepts
+        self.form_fields = form_fields  # route -> {field: "file" | "text"} of its multipart form
 
     async def _refuse(self, send: Send) -> None:
         await _json_error(send, 413, f"request body is larger than the limit of {self.max_bytes} bytes")
@@ -42,6 +68,29 @@ class RequestLimits:
         sent = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if expected and sent != expected:
             return await _json_error(send, 415, f"{scope['path']} takes {expected}, not {sent or 'a body without a type'}")
+        fields = self.form_fields.get(scope["path"]) if scope["method"] == "POST" else None
+        if fields:
+            # BentoML answers a malformed form with 500; read the (size-limited) body once, check, replay it.
+            chunks, size, more = [], 0, True
+            while more:
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                more = message.get("more_body", False)
+                if size > self.max_bytes:
+                    return await self._refuse(send)
+            body = b"".join(chunks)
+            problem = await _form_problem(scope, body, fields)
+            if problem:
+                return await _json_error(send, 400, problem)
+            replayed = False
+
+            async def receive() -> dict[str, Any]:  # noqa: F811 - the app reads the buffered body
+                nonlocal replayed
+                if replayed:
+                    return {"type": "http.disconnect"}
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
         seen = 0
 
         async def counting_receive() -> dict[str, Any]:  # chunked bodies carry no length: count them

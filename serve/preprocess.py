@@ -57,6 +57,8 @@ class Preprocessor:
             raise BadImage("not an image PIL can identify (expected JPEG, PNG, WebP, BMP or GIF)") from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
             raise BadImage("image dimensions exceed the pixel limit", status=413) from None
+        except (OSError, SyntaxError, ValueError) as err:
+            raise BadImage(f"the image data is damaged or truncated ({err})") from None
         if image.format not in ACCEPTED_FORMATS:
             raise BadImage(f"unsupported image format {image.format}; send JPEG, PNG, WebP, BMP or GIF", status=415)
         width, height = image.size

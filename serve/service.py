@@ -168,4 +168,5 @@ class HandoffClassifier:
 HandoffClassifier.add_asgi_middleware(
     RequestLimits, max_bytes=CONFIG.max_body_bytes,
     content_types={"/classify": "multipart/form-data", "/predict": "application/json"},
+    form_fields={"/classify": {"image": "file", "top_k": "text"}},
 )

@@ -1,0 +1,290 @@
+"""`bentoml serve` as a real process on localhost, spoken to over real HTTP."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import ROOT, TRAIN, Server, run
+from serve.preprocess import Preprocessor
+from train.checkpoint import load
+from train.data import digits_split
+from train.models import build_model
+from train.presets import Preprocessing, eval_transform
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("serve_run")
+    trained = run([sys.executable, TRAIN, "--epochs", "2", "--workers", "0", "--out", str(run_dir)])
+    assert trained.returncode == 0, trained.stderr
+    done = run([sys.executable, "-m", "export", str(run_dir / "last.pt"), "--no-bento"])
+    assert done.returncode == 0, done.stderr
+    return run_dir / "last.export"
+
+
+@pytest.fixture(scope="module")
+def eager(exported: Path):
+    manifest = json.loads((exported / "manifest.json").read_text())
+    model = build_model(manifest["arch"], manifest["num_classes"], manifest["preprocess"]["crop"])
+    model.load_state_dict(load(Path(manifest["source"]["checkpoint"]))["model"])
+    pre = manifest["preprocess"]
+    transform = eval_transform(Preprocessing(crop=pre["crop"], resize=pre["resize"]))
+    return model.eval(), transform
+
+
+@pytest.fixture(scope="module")
+def server(exported: Path, tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("logs") / "serve.log", HANDOFF_MODEL_DIR=str(exported))
+    srv.ready_seconds = srv.wait_ready()
+    yield srv
+    srv.stop()
+
+
+def png_bytes(image: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def digit_images(count: int) -> tuple[list[Image.Image], list[int]]:
+    _, (x_val, y_val) = digits_split()
+    return [Image.fromarray(img).convert("RGB") for img in x_val[:count]], [int(y) for y in y_val[:count]]
+
+
+def classify(url: str, data: bytes, name: str = "image.png", field: str = "image", **params) -> httpx.Response:
+    return httpx.post(f"{url}/classify", files={field: (name, data)}, data={k: str(v) for k, v in params.items()},
+                      timeout=60)
+
+
+def test_preprocessing_matches_torchvision_exactly():
+    from sklearn.datasets import load_sample_images
+
+    photos = [Image.fromarray(img) for img in load_sample_images().images]
+    photos.append(photos[0].crop((10, 0, 310, 427)))  # portrait
+    for crop, resize in ((224, 256), (32, 32), (100, 117)):
+        spec = {"resize": resize, "crop": crop, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
+                "interpolation": "bilinear", "channels": 3}
+        ours = Preprocessor.from_manifest(spec, max_pixels=10**9)
+        theirs = eval_transform(Preprocessing(crop=crop, resize=resize))
+        for photo in photos:
+            np.testing.assert_array_equal(ours(photo), theirs(photo).numpy())
+
+
+def test_classify_agrees_with_the_eager_model(server, eager):
+    model, transform = eager
+    images, labels = digit_images(40)
+    with torch.inference_mode():
+        expected = model(torch.stack([transform(img) for img in images])).argmax(1).tolist()
+    served = []
+    for image in images:
+        response = classify(server.url, png_bytes(image), top_k=3)
+        assert response.status_code == 200, response.text
+        predictions = response.json()["predictions"]
+        assert len(predictions) == 3
+        served.append(predictions[0]["index"])
+    assert served == expected
+    accuracy = np.mean(np.array(served) == np.array(labels))
+    assert accuracy > 0.5, f"a trained model should beat chance on digits, got {accuracy:.2f}"
+
+
+def test_classify_real_photos_is_well_formed(server):
+    from sklearn.datasets import load_sample_images
+
+    for photo in load_sample_images().images:
+        response = classify(server.url, png_bytes(Image.fromarray(photo), "JPEG", quality=90), name="photo.jpg")
+        assert response.status_code == 200, response.text
+        predictions = response.json()["predictions"]
+        probabilities = [p["probability"] for p in predictions]
+        assert len(predictions) == 5 and probabilities == sorted(probabilities, reverse=True)
+        assert all(0 <= p <= 1 for p in probabilities) and sum(probabilities) <= 1 + 1e-6
+        assert all(p["label"] == str(p["index"]) for p in predictions)
+
+
+def test_predict_matches_eager_logits(server, eager):
+    model, transform = eager
+    images, _ = digit_images(5)
+    batch = torch.stack([transform(img) for img in images])
+    with torch.inference_mode():
+        expected = model(batch).numpy()
+    response = httpx.post(f"{server.url}/predict", json={"tensor": batch.tolist()}, timeout=60)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    np.testing.assert_allclose(np.array(body["logits"]), expected, atol=1e-4, rtol=1e-3)
+    np.testing.assert_allclose(np.array(body["probabilities"]).sum(1), 1.0, atol=1e-5)
+
+
+def test_info_and_probes(server, exported):
+    info = httpx.get(f"{server.url}/info", timeout=10).json()
+    manifest = json.loads((exported / "manifest.json").read_text())
+    assert info["ready"] and info["runtime"] == "onnx"
+    assert info["provider"] == "CPUExecutionProvider" and info["device"] == "cpu"
+    assert info["model"]["sha256"] == manifest["artifacts"]["model.onnx"]["sha256"]
+    assert server.status("/livez") == 200 and server.status("/readyz") == 200
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert "bentoml_service_request" in metrics
+
+
+def bad_requests(url: str) -> list[tuple[str, int, str, httpx.Response]]:
+    """(what, expected status, expected message fragment, response) for each hostile or broken input."""
+    good = png_bytes(digit_images(1)[0][0])
+    jpeg = png_bytes(digit_images(1)[0][0].resize((64, 64)), "JPEG")
+    bomb = png_bytes(Image.new("L", (20_000, 20_000)))  # 400 M pixels in a few hundred kB
+    tiff = png_bytes(Image.new("RGB", (16, 16)), "TIFF")
+    shape = list(np.zeros((1, 3, 32, 32)).shape)
+    cases = [
+        ("truncated JPEG", 400, "damaged or truncated", classify(url, jpeg[: len(jpeg) // 2], "cut.jpg")),
+        ("empty file", 400, "empty", classify(url, b"", "empty.png")),
+        ("text named .jpg", 400, "not an image", classify(url, b"just some text\n" * 20, "notes.jpg")),
+        ("wrong field name", 400, "image", classify(url, good, field="file")),
+        ("decompression bomb", 413, "pixel", classify(url, bomb, "bomb.png")),
+        ("TIFF", 415, "unsupported image format", classify(url, tiff, "scan.tiff")),
+        ("top_k=0", 400, "top_k", classify(url, good, top_k=0)),
+        ("oversized body", 413, "larger than the limit", classify(url, b"\0" * (21 * 1024 * 1024), "big.png")),
+        ("text/plain body", 415, "multipart/form-data",
+         httpx.post(f"{url}/classify", content=b"hello", headers={"content-type": "text/plain"}, timeout=30)),
+        ("tensor wrong shape", 400, "shape",
+         httpx.post(f"{url}/predict", json={"tensor": np.zeros((1, 3, 16, 16)).tolist()}, timeout=30)),
+        ("tensor wrong rank", 400, "shape", httpx.post(f"{url}/predict", json={"tensor": [1.0, 2.0]}, timeout=30)),
+        ("tensor of strings", 400, "tensor",
+         httpx.post(f"{url}/predict", json={"tensor": [[["a"]]]}, timeout=30)),
+        ("tensor with NaN", 400, "",
+         httpx.post(f"{url}/predict", content=json.dumps({"tensor": np.full(shape, np.nan).tolist()}),
+                    headers={"content-type": "application/json"}, timeout=30)),
+        ("tensor with Inf", 400, "",
+         httpx.post(f"{url}/predict", content=json.dumps({"tensor": np.full(shape, np.inf).tolist()}),
+                    headers={"content-type": "application/json"}, timeout=30)),
+        ("predict as form", 415, "application/json",
+         httpx.post(f"{url}/predict", files={"tensor": ("t.json", b"[]")}, timeout=30)),
+    ]
+    return cases
+
+
+def test_bad_input_gets_a_clear_4xx_and_nothing_breaks(server):
+    for what, status, fragment, response in bad_requests(server.url):
+        assert response.status_code == status, f"{what}: {response.status_code} {response.text[:300]}"
+        body = response.json()
+        error = (body[0] if isinstance(body, list) else body)["error"]
+        assert fragment.lower() in json.dumps(body).lower(), f"{what}: {error}"
+    assert server.status("/readyz") == 200
+    assert classify(server.url, png_bytes(digit_images(1)[0][0])).status_code == 200
+
+
+def test_odd_but_valid_images_are_answered(server):
+    base = digit_images(1)[0][0].resize((48, 40))
+    rgba = base.convert("RGBA")
+    rgba.putalpha(128)
+    palette = base.convert("P", palette=Image.Palette.ADAPTIVE)
+    palette.info["transparency"] = 0
+    sixteen = Image.fromarray((np.asarray(base.convert("L"), dtype=np.uint16) * 257))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated: must be turned upright before preprocessing
+    frames = [base, base.transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
+    animated = io.BytesIO()
+    frames[0].save(animated, format="GIF", save_all=True, append_images=frames[1:])
+    variants = {
+        "grayscale.png": png_bytes(base.convert("L")),
+        "rgba.png": png_bytes(rgba),
+        "palette.png": png_bytes(palette),
+        "cmyk.jpg": png_bytes(base.convert("CMYK"), "JPEG"),
+        "16bit.png": png_bytes(sixteen),
+        "exif.jpg": png_bytes(base, "JPEG", exif=exif),
+        "animated.gif": animated.getvalue(),
+        "image.webp": png_bytes(base, "WEBP"),
+        "image.bmp": png_bytes(base, "BMP"),
+    }
+    for name, data in variants.items():
+        response = classify(server.url, data, name)
+        assert response.status_code == 200, f"{name}: {response.text}"
+
+
+def test_concurrent_burst_mixing_good_and_bad(server, eager):
+    model, transform = eager
+    images, _ = digit_images(24)
+    with torch.inference_mode():
+        expected = model(torch.stack([transform(img) for img in images])).argmax(1).tolist()
+    payloads = []
+    for i, image in enumerate(images):
+        payloads.append(("good", i, png_bytes(image)))
+        payloads.append(("bad", i, b"garbage bytes, not an image"))
+
+    def send(item):
+        kind, index, data = item
+        return kind, index, classify(server.url, data)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(send, payloads))
+    for kind, index, response in results:
+        if kind == "good":
+            assert response.status_code == 200, response.text
+            assert response.json()["predictions"][0]["index"] == expected[index]
+        else:
+            assert response.status_code == 400
+    assert server.status("/readyz") == 200
+
+
+def test_torchscript_runtime(exported, tmp_path):
+    srv = Server(tmp_path / "ts.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_RUNTIME="torchscript")
+    try:
+        srv.wait_ready()
+        info = httpx.get(f"{srv.url}/info", timeout=10).json()
+        assert info["runtime"] == "torchscript" and info["device"] == "cpu"
+        assert classify(srv.url, png_bytes(digit_images(1)[0][0])).status_code == 200
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("fault", ["tampered", "cuda-without-gpu"])
+def test_not_ready_when_it_must_not_serve(fault, exported, tmp_path):
+    folder, env = exported, {}
+    if fault == "tampered":
+        folder = tmp_path / "tampered"
+        shutil.copytree(exported, folder)
+        data = bytearray((folder / "model.onnx").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (folder / "model.onnx").write_bytes(bytes(data))
+    elif torch.cuda.is_available():
+        pytest.skip("a CUDA device is present here")
+    else:
+        env["HANDOFF_DEVICE"] = "cuda"
+    srv = Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(folder), **env)
+    try:
+        srv.wait_live()
+        assert srv.status("/readyz") == 503
+        info = httpx.get(f"{srv.url}/info", timeout=10).json()
+        assert info["ready"] is False
+        reason = "model.onnx" if fault == "tampered" else "HANDOFF_DEVICE=cuda"
+        assert reason in info["reason"]
+        assert reason in srv.log.read_text()
+        response = classify(srv.url, png_bytes(digit_images(1)[0][0]))
+        assert response.status_code == 503
+    finally:
+        srv.stop()
+
+
+def test_bentoml_build_packs_the_model(exported, tmp_path):
+    home = tmp_path / "bentoml"
+    env = {**__import__("os").environ, "BENTOML_HOME": str(home)}
+    registered = subprocess.run([sys.executable, "-c", "from pathlib import Path; import json; "
+                                 "from export.bento import register; "
+                                 f"p = Path({str(exported)!r}); print(register(p, json.loads((p / 'manifest.json').read_text())))"],
+                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert registered.returncode == 0, registered.stderr
+    built = subprocess.run([str(Path(sys.executable).parent / "bentoml"), "build", "--output", "tag"], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    bentos = list((home / "bentos" / "handoff").glob("*/bento.yaml"))
+    assert bentos, built.stdout
+    bento_yaml = bentos[0].read_text()
+    assert registered.stdout.strip().split(":")[1] in bento_yaml, "the model is packed into the Bento"
