@@ -17,11 +17,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Train on the embedded digits with $(NPROC) DDP processes, then export and verify the checkpoint.
+# Train on the embedded digits with $(NPROC) DDP processes, export and verify the checkpoint, then serve it
+# with bentoml and classify validation images over HTTP.
 demo: install
 	rm -rf $(RUN)
 	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) train/main.py --out $(RUN) --epochs 8 --workers 0
-	$(BIN)/python -m export $(RUN)/last.pt
+	$(BIN)/python -m export $(RUN)/last.pt --no-bento
+	$(BIN)/python scripts/demo_serve.py $(RUN)/last.export --images 200
 
 test: install
 	$(BIN)/python -m pytest

@@ -1,0 +1,106 @@
+"""The last step of `make demo`: serve an export folder, classify digits over HTTP, compare with eager.
+
+    python scripts/demo_serve.py runs/demo/last.export --images 100
+
+Starts `bentoml serve` on a free localhost port, waits for /readyz, sends validation images of the
+embedded digits to POST /classify, and prints the served accuracy beside the eager model's accuracy on
+the same images, the start-up time to ready, and the median single-request latency. Stops the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+from PIL import Image
+
+from train.checkpoint import load
+from train.data import digits_split
+from train.models import build_model
+from train.presets import Preprocessing, eval_transform
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("export_dir", type=Path, help="a folder written by `python -m export`")
+    p.add_argument("--images", type=int, default=100, help="validation images to classify")
+    args = p.parse_args()
+    manifest = json.loads((args.export_dir / "manifest.json").read_text())
+    _, (x_val, y_val) = digits_split()
+    images = [Image.fromarray(img).convert("RGB") for img in x_val[: args.images]]
+    labels = [int(y) for y in y_val[: args.images]]
+
+    model = build_model(manifest["arch"], manifest["num_classes"], manifest["preprocess"]["crop"])
+    model.load_state_dict(load(manifest["source"]["checkpoint"])["model"])
+    transform = eval_transform(Preprocessing(crop=manifest["preprocess"]["crop"], resize=manifest["preprocess"]["resize"]))
+    with torch.inference_mode():
+        eager = model.eval()(torch.stack([transform(img) for img in images])).argmax(1).tolist()
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = args.export_dir.parent / "serve.log"
+    env = {**os.environ, "HANDOFF_MODEL_DIR": str(args.export_dir.resolve())}
+    bentoml = str(Path(sys.executable).parent / "bentoml")
+    started = time.monotonic()
+    server = subprocess.Popen([bentoml, "serve", "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT, env=env,
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while True:
+            if server.poll() is not None or time.monotonic() - started > 180:
+                print(f"the server did not become ready; see {log}", file=sys.stderr)
+                return 1
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        ready_s = time.monotonic() - started
+        info = httpx.get(f"{url}/info", timeout=10).json()
+        served, latencies = [], []
+        with httpx.Client(timeout=30) as client:
+            for image in images:
+                buffer = io.BytesIO()
+                image.save(buffer, format="PNG")
+                t0 = time.perf_counter()
+                response = client.post(f"{url}/classify", files={"image": ("digit.png", buffer.getvalue())})
+                latencies.append(time.perf_counter() - t0)
+                response.raise_for_status()
+                served.append(response.json()["predictions"][0]["index"])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+    def accuracy(predicted: list[int]) -> float:
+        return 100.0 * sum(p == y for p, y in zip(predicted, labels)) / len(labels)
+
+    agree = sum(a == b for a, b in zip(served, eager))
+    print(f"served by bentoml ({info['runtime']} on {info['device']}, {info['provider']}): ready in {ready_s:.1f}s")
+    print(f"{len(images)} digits over HTTP: served acc1 {accuracy(served):.2f}%  eager acc1 {accuracy(eager):.2f}%  "
+          f"top-1 agreement {agree}/{len(images)}")
+    print(f"single-request latency (concurrency 1): median {1000 * statistics.median(latencies):.1f} ms, "
+          f"max {1000 * max(latencies):.1f} ms")
+    return 0 if agree == len(images) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
