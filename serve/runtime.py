@@ -16,7 +16,7 @@ import numpy as np
 
 from export.manifest import ONNX, TORCHSCRIPT
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bentoml.handoff.runtime")
 
 RUNTIMES = ("onnx", "torchscript")
 DEVICES = ("auto", "cpu", "cuda")

@@ -34,7 +34,7 @@ from serve.limits import RequestLimits
 from serve.preprocess import BadImage, Preprocessor
 from serve.runtime import RuntimeUnavailable, load_runtime, softmax
 
-log = logging.getLogger("handoff.serve")
+log = logging.getLogger("bentoml.handoff")  # under "bentoml", so `bentoml serve` shows it
 CONFIG = ServeConfig()
 VERSION = "0.1.0"
 
