@@ -241,3 +241,18 @@ def test_parity_on_cuda(checkpoints, tmp_path: Path):
     assert result.returncode == 0, result.stderr
     providers = {r["provider"] for r in read_manifest(out)["parity"]["results"]}
     assert "CUDAExecutionProvider" in providers
+
+
+def test_big_models_store_onnx_weights_as_external_data(tmp_path: Path):
+    """Above the threshold (1 GiB by default; lowered here) the weights go to model.onnx.data."""
+    from export.exporters import export_onnx
+
+    model = fx.fresh_model()
+    result = export_onnx(model, torch.randn(2, 3, fx.SIZE, fx.SIZE), tmp_path / "model.onnx", {"handoff.arch": fx.ARCH},
+                         external_data_bytes=0)
+    assert result["external_data"] and result["files"] == ["model.onnx", "model.onnx.data"]
+    assert (tmp_path / "model.onnx").stat().st_size < 1_000_000 < (tmp_path / "model.onnx.data").stat().st_size
+    x = torch.randn(3, 3, fx.SIZE, fx.SIZE)
+    with torch.inference_mode():
+        expected = model(x).numpy()
+    np.testing.assert_allclose(onnx_logits(tmp_path, x), expected, atol=1e-4, rtol=1e-3)

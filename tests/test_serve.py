@@ -36,12 +36,19 @@ def exported(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def eager(exported: Path):
+    """The eager model behind the export, with its torchvision evaluation transform."""
     manifest = json.loads((exported / "manifest.json").read_text())
     model = build_model(manifest["arch"], manifest["num_classes"], manifest["preprocess"]["crop"])
     model.load_state_dict(load(Path(manifest["source"]["checkpoint"]))["model"])
     pre = manifest["preprocess"]
     transform = eval_transform(Preprocessing(crop=pre["crop"], resize=pre["resize"]))
     return model.eval(), transform
+
+
+def eager_top1(eager, images: list[Image.Image]) -> list[int]:
+    model, transform = eager
+    with torch.inference_mode():
+        return model(torch.stack([transform(img) for img in images])).argmax(1).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +90,8 @@ def test_preprocessing_matches_torchvision_exactly():
 
 
 def test_classify_agrees_with_the_eager_model(server, eager):
-    model, transform = eager
     images, labels = digit_images(40)
-    with torch.inference_mode():
-        expected = model(torch.stack([transform(img) for img in images])).argmax(1).tolist()
+    expected = eager_top1(eager, images)
     served = []
     for image in images:
         response = classify(server.url, png_bytes(image), top_k=3)
@@ -210,10 +215,8 @@ def test_odd_but_valid_images_are_answered(server):
 
 
 def test_concurrent_burst_mixing_good_and_bad(server, eager):
-    model, transform = eager
     images, _ = digit_images(24)
-    with torch.inference_mode():
-        expected = model(torch.stack([transform(img) for img in images])).argmax(1).tolist()
+    expected = eager_top1(eager, images)
     payloads = []
     for i, image in enumerate(images):
         payloads.append(("good", i, png_bytes(image)))
@@ -288,3 +291,15 @@ def test_bentoml_build_packs_the_model(exported, tmp_path):
     assert bentos, built.stdout
     bento_yaml = bentos[0].read_text()
     assert registered.stdout.strip().split(":")[1] in bento_yaml, "the model is packed into the Bento"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_provider_is_used_and_reported(exported, tmp_path):
+    srv = Server(tmp_path / "cuda.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_DEVICE="cuda")
+    try:
+        srv.wait_ready()
+        info = httpx.get(f"{srv.url}/info", timeout=10).json()
+        assert info["provider"] == "CUDAExecutionProvider" and info["device"] == "cuda"
+        assert classify(srv.url, png_bytes(digit_images(1)[0][0])).status_code == 200
+    finally:
+        srv.stop()

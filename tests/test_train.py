@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import torch
 import pytest
 
 from conftest import (
@@ -177,3 +178,12 @@ def test_bad_arguments_fail_with_one_clear_line(tmp_path: Path):
     result = run([torchrun_cmd(1)[0], TRAIN, "--resume", str(bogus), "--out", str(tmp_path / "y")])
     assert result.returncode == 2
     assert "not a readable checkpoint" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bf16_autocast_trains_and_checkpoints(tmp_path: Path):
+    out = tmp_path / "amp"
+    result = run([torchrun_cmd(1)[0], TRAIN, "--epochs", "1", "--workers", "0", "--amp", "bf16", "--out", str(out)])
+    assert result.returncode == 0, result.stderr
+    ckpt = load(out / "last.pt")
+    assert "scaler" not in ckpt, "bf16 needs no grad scaler; only fp16 saves one"
+    assert all(t.dtype == torch.float32 for t in ckpt["model"].values() if t.is_floating_point())

@@ -23,7 +23,7 @@ import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -174,14 +174,12 @@ def _tmp_name(target: Path) -> Path:
     return target.with_name(f".{target.name}{_TMP_MARK}{os.getpid()}")
 
 
-def atomic_save(obj: Any, target: Path) -> None:
-    """torch.save to a temporary file beside `target`, fsync, then rename over it."""
+def _publish(target: Path, write: Callable[[Path], None]) -> None:
+    """Have `write` fill a temporary file beside `target`, then rename it over `target` and fsync the folder."""
     tmp = _tmp_name(target)
+    tmp.unlink(missing_ok=True)
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
+        write(tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -189,22 +187,30 @@ def atomic_save(obj: Any, target: Path) -> None:
     _fsync_dir(target.parent)
 
 
+def atomic_save(obj: Any, target: Path) -> None:
+    """torch.save to a temporary file beside `target`, fsync, then rename over it."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    _publish(target, write)
+
+
 def atomic_link(source: Path, target: Path) -> None:
     """Make `target` name the same bytes as `source`, atomically (hard link, or a copy where links fail)."""
-    tmp = _tmp_name(target)
-    tmp.unlink(missing_ok=True)
-    try:
+
+    def write(tmp: Path) -> None:
         try:
             os.link(source, tmp)
         except OSError:
             shutil.copyfile(source, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(target.parent)
+
+    _publish(target, write)
 
 
 class Checkpointer:

@@ -180,6 +180,8 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     optimizer = build_optimizer(model, optim_cfg)
     scheduler = build_scheduler(optimizer, optim_cfg)
     amp_dtype = AMP_DTYPES.get(args.amp) if args.amp else None
+    if args.amp == "fp16" and info.device.type == "cpu":
+        log.warning("--amp fp16 on the CPU is emulated and about 50x slower here; use --amp bf16")
     scaler = torch.amp.GradScaler(info.device.type, enabled=args.amp == "fp16")
     criterion = nn.CrossEntropyLoss()
     checkpointer = Checkpointer(ckpt_cfg, info.is_main)
