@@ -28,8 +28,10 @@ demo: install
 test: install
 	$(BIN)/python -m pytest
 
+# Every benchmark writes bench/results/<name>.json; BENCHMARKS.md is regenerated from them.
 bench: install
-	@echo "No benchmarks yet: they arrive with the performance issue."
+	$(BIN)/python bench/checkpoint_stall.py --rounds 5
+	$(BIN)/python -m bench.results
 
 clean:
 	rm -rf $(VENV) runs

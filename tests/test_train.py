@@ -133,9 +133,11 @@ def test_preempted_run_resumes_to_identical_weights(reference: Path, tmp_path: P
 
 
 def test_worker_crash_restarts_and_matches_reference(reference: Path, tmp_path: Path):
+    """Also with --async-save: background-written checkpoints resume to the very same weights."""
     out = tmp_path / "run"
     log = tmp_path / "torchrun.log"
-    proc = start(torchrun_cmd(2, *ARGS, "--out", str(out), launcher_args=("--standalone", "--max-restarts", "2")), log)
+    proc = start(torchrun_cmd(2, *ARGS, "--async-save", "--out", str(out),
+                              launcher_args=("--standalone", "--max-restarts", "2")), log)
     wait_for(lambda: (out / "epoch_0002.pt").exists(), timeout=300, what="epoch 2 checkpoint")
     workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if TRAIN in " ".join(p.cmdline())
                and p.ppid() == proc.pid]
@@ -146,9 +148,11 @@ def test_worker_crash_restarts_and_matches_reference(reference: Path, tmp_path: 
     assert_same_tensors(load(out / "last.pt")["model"], load(reference / "last.pt")["model"])
 
 
-def test_sigkill_during_checkpoint_write_keeps_last_loadable(tmp_path: Path):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sigkill_during_checkpoint_write_keeps_last_loadable(mode: str, tmp_path: Path):
     out = tmp_path / "run"
     cmd = [torchrun_cmd(1)[0], TRAIN, "--epochs", "3", "--workers", "0", "--out", str(out)]
+    cmd += ["--async-save"] if mode == "async" else []
     proc = start(cmd, tmp_path / "train.log")
 
     def writing_epoch_2():

@@ -79,6 +79,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", default="auto", help="auto: continue from OUT/last.pt when present; none: start "
                    "afresh; or a checkpoint path")
     g.add_argument("--keep-last", type=int, default=3, help="epoch checkpoints kept besides last.pt and best.pt")
+    g.add_argument("--async-save", action="store_true", help="write checkpoints in the background: the loop waits "
+                   "only for a copy of the state in CPU memory (at most one save in flight)")
     return p
 
 
@@ -89,17 +91,6 @@ def setup_logging(rank: int) -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
-
-
-def to_cpu(obj: Any) -> Any:
-    """A copy of a state tree with every tensor on the CPU, so the checkpoint loads on any machine."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj
 
 
 def train_one_epoch(model, criterion, optimizer, scaler, loader, info, amp_dtype, stop: StopRequest, desc: str):
@@ -184,7 +175,7 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
         log.warning("--amp fp16 on the CPU is emulated and about 50x slower here; use --amp bf16")
     scaler = torch.amp.GradScaler(info.device.type, enabled=args.amp == "fp16")
     criterion = nn.CrossEntropyLoss()
-    checkpointer = Checkpointer(ckpt_cfg, info.is_main)
+    checkpointer = Checkpointer(ckpt_cfg, info.is_main, async_save=args.async_save)
     metrics = MetricsLog(ckpt_cfg.folder)
     meta = make_meta(args.arch, ds.classes, ds.preprocessing.to_meta(), info.world_size,
                      data=str(Path(args.data).resolve()) if args.data else EMBEDDED_DIGITS)
@@ -232,8 +223,8 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
         rng = distributed.gather_objects(capture_rng())
         ckpt = {
             "format": FORMAT,
-            "model": to_cpu(model_without_ddp.state_dict()),
-            "optimizer": to_cpu(optimizer.state_dict()),
+            "model": model_without_ddp.state_dict(),  # the Checkpointer moves (or copies) it to the CPU
+            "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "epoch": epoch_done,
             "step": step,
@@ -246,41 +237,45 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
             ckpt["scaler"] = scaler.state_dict()
         return ckpt
 
-    global_batch = args.batch_size * info.world_size
-    val_acc1 = None
-    while epoch < args.epochs:
-        started = time.monotonic()
-        sampler.set_epoch(epoch, start=position)
-        ds.train.set_epoch(epoch)
-        loss_sum, correct, count, steps, stopped = train_one_epoch(
-            model, criterion, optimizer, scaler, train_loader, info, amp_dtype, stop, f"epoch {epoch + 1}/{args.epochs}")
-        step += steps
-        position += steps * global_batch
-        if stopped:
-            checkpointer.save(state(epoch, epoch, position), epoch_done=False, is_best=False)
-            log.warning("preempted: saved %s at epoch %d, step %d; rerun the same command to resume",
-                        checkpointer.last, epoch + 1, step)
-            return EXIT_PREEMPTED
-        lr = optimizer.param_groups[0]["lr"]
-        scheduler.step()
-        train_loss, train_correct, train_count = distributed.all_reduce_sum([loss_sum, correct, count], info.device)
-        val_loss, val_acc1 = evaluate(model_without_ddp, criterion, val_loader, info)
-        is_best = val_acc1 > best_acc1
-        best_acc1 = max(best_acc1, val_acc1)
-        epoch, position = epoch + 1, 0
-        checkpointer.save(state(epoch, epoch, 0), epoch_done=True, is_best=is_best)
-        row = EpochMetrics(epoch, step, lr, train_loss / max(train_count, 1), 100.0 * train_correct / max(train_count, 1),
-                           val_loss, val_acc1, time.monotonic() - started)
-        if info.is_main:
-            metrics.append(row)
-        log.info("epoch %d/%d  train loss %.4f acc1 %.2f%%  val loss %.4f acc1 %.2f%%  lr %.4g  %.1fs",
-                 epoch, args.epochs, row.train_loss, row.train_acc1, val_loss, val_acc1, lr, row.seconds)
+    try:
+        global_batch = args.batch_size * info.world_size
+        val_acc1 = None
+        while epoch < args.epochs:
+            started = time.monotonic()
+            sampler.set_epoch(epoch, start=position)
+            ds.train.set_epoch(epoch)
+            loss_sum, correct, count, steps, stopped = train_one_epoch(
+                model, criterion, optimizer, scaler, train_loader, info, amp_dtype, stop, f"epoch {epoch + 1}/{args.epochs}")
+            step += steps
+            position += steps * global_batch
+            if stopped:
+                checkpointer.save(state(epoch, epoch, position), epoch_done=False, is_best=False)
+                checkpointer.wait()
+                log.warning("preempted: saved %s at epoch %d, step %d; rerun the same command to resume",
+                            checkpointer.last, epoch + 1, step)
+                return EXIT_PREEMPTED
+            lr = optimizer.param_groups[0]["lr"]
+            scheduler.step()
+            train_loss, train_correct, train_count = distributed.all_reduce_sum([loss_sum, correct, count], info.device)
+            val_loss, val_acc1 = evaluate(model_without_ddp, criterion, val_loader, info)
+            is_best = val_acc1 > best_acc1
+            best_acc1 = max(best_acc1, val_acc1)
+            epoch, position = epoch + 1, 0
+            checkpointer.save(state(epoch, epoch, 0), epoch_done=True, is_best=is_best)
+            row = EpochMetrics(epoch, step, lr, train_loss / max(train_count, 1), 100.0 * train_correct / max(train_count, 1),
+                               val_loss, val_acc1, time.monotonic() - started)
+            if info.is_main:
+                metrics.append(row)
+            log.info("epoch %d/%d  train loss %.4f acc1 %.2f%%  val loss %.4f acc1 %.2f%%  lr %.4g  %.1fs",
+                     epoch, args.epochs, row.train_loss, row.train_acc1, val_loss, val_acc1, lr, row.seconds)
 
-    if val_acc1 is None:  # resumed a finished run: report what it has
-        _, val_acc1 = evaluate(model_without_ddp, criterion, val_loader, info)
-    if info.is_main:
-        print(f"val acc1 {val_acc1:.2f}% (best {best_acc1:.2f}%) after {epoch} epochs; checkpoint: {checkpointer.last}")
-    return 0
+        if val_acc1 is None:  # resumed a finished run: report what it has
+            _, val_acc1 = evaluate(model_without_ddp, criterion, val_loader, info)
+        if info.is_main:
+            print(f"val acc1 {val_acc1:.2f}% (best {best_acc1:.2f}%) after {epoch} epochs; checkpoint: {checkpointer.last}")
+        return 0
+    finally:
+        checkpointer.close()  # an asynchronous save in flight is always finished, or its error raised
 
 
 if __name__ == "__main__":

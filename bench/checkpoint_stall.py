@@ -1,0 +1,114 @@
+"""How long the training loop is blocked per checkpoint: synchronous against --async-save.
+
+    python bench/checkpoint_stall.py [--rounds 5] [--device cpu|cuda]
+
+State: resnet50 weights plus SGD momentum (~200 MB), saved by the trainer's own Checkpointer.
+Reported, medians over rounds taken side by side (sync, async, plain write interleaved, so the shared
+disk's mood hits all three alike):
+- blocked: time until `save()` returns, i.e. what the training loop waits for;
+- async total: until the background write is on disk;
+- disk limit: a plain write + fsync of the same number of bytes.
+Ratios: sync blocked / async blocked (goal >= 10), sync save / plain write (the format's overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.results import write_result  # noqa: E402
+from train.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
+
+
+def resnet50_state(device: torch.device) -> dict:
+    model = torchvision.models.resnet50().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 3, 64, 64, device=device)).sum().backward()
+    optimizer.step()  # creates the momentum buffers
+    return {"format": "bench", "model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 1,
+            "step": 1}
+
+
+def state_bytes(state: dict) -> int:
+    tensors = list(state["model"].values()) + [
+        t for s in state["optimizer"]["state"].values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def plain_write(path: Path, payload: bytes) -> float:
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dir", default=None, help="where to write (default: a temporary folder on the project's disk)")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    state = resnet50_state(device)
+    nbytes = state_bytes(state)
+    payload = os.urandom(nbytes)
+    root = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir or Path(__file__).resolve().parent))
+    sync = Checkpointer(CheckpointConfig(root / "sync", keep_last=1), is_main=True)
+    asyn = Checkpointer(CheckpointConfig(root / "async", keep_last=1), is_main=True, async_save=True)
+    rows = {"sync_blocked": [], "async_blocked": [], "async_total": [], "plain_write": []}
+    try:
+        for round_ in range(args.rounds + 1):  # round 0 warms the page cache and allocator, not counted
+            state["epoch"] = round_ + 1
+            started = time.perf_counter()
+            sync.save(state, epoch_done=True, is_best=False)
+            sync_blocked = time.perf_counter() - started
+
+            started = time.perf_counter()
+            asyn.save(state, epoch_done=True, is_best=False)
+            async_blocked = time.perf_counter() - started
+            asyn.wait()
+            async_total = time.perf_counter() - started
+
+            plain = plain_write(root / "plain.bin", payload)
+            if round_:
+                for key, value in zip(rows, (sync_blocked, async_blocked, async_total, plain)):
+                    rows[key].append(value)
+    finally:
+        asyn.close()
+        for path in sorted(root.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        root.rmdir()
+
+    median = {k: statistics.median(v) for k, v in rows.items()}
+    ratios = {
+        "sync_blocked_over_async_blocked": median["sync_blocked"] / median["async_blocked"],
+        "sync_save_over_plain_write": median["sync_blocked"] / median["plain_write"],
+        "async_total_over_plain_write": median["async_total"] / median["plain_write"],
+    }
+    print(f"state: resnet50 + momentum, {nbytes / 1e6:.0f} MB on {device}; {args.rounds} rounds, medians")
+    for key, value in median.items():
+        print(f"  {key:<14} {1000 * value:8.1f} ms")
+    for key, value in ratios.items():
+        print(f"  {key:<32} {value:6.1f} x")
+    goal_met = ratios["sync_blocked_over_async_blocked"] >= 10
+    print(f"goal: async blocks >= 10x less than sync: {'met' if goal_met else 'NOT met'}")
+    write_result("checkpoint_stall", {
+        "device": str(device), "state_mb": nbytes / 1e6, "rounds": args.rounds,
+        "median_seconds": median, "ratios": ratios, "goal": "sync_blocked / async_blocked >= 10", "goal_met": goal_met,
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
