@@ -12,6 +12,7 @@ Exit status: 0 exported and parity passed; 2 bad input or usage (one line on std
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
@@ -21,7 +22,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -91,17 +92,26 @@ def _versions() -> dict[str, str]:
             "onnxruntime": onnxruntime.__version__}
 
 
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    started = time.monotonic()
+    yield
+    timings[name] = round(time.monotonic() - started, 3)
+
+
 def export(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    timings: dict[str, float] = {}
     formats = _formats(args.formats)
     device = _device(args.device)
     labels = args.labels.read_text().split("\n") if args.labels else None
     if labels is not None:
         labels = [line.strip() for line in labels if line.strip()]
-    src = read_source(args.checkpoint, trust_pickle=args.trust_pickle)
-    spec = resolve_model(src, args.arch, args.model, args.image_size, labels)
-    if src.module is None or args.arch or args.model:
-        strict_load(spec.model, spec.unwrapped.state_dict, spec.arch)
+    with _timed(timings, "load"):
+        src = read_source(args.checkpoint, trust_pickle=args.trust_pickle)
+        spec = resolve_model(src, args.arch, args.model, args.image_size, labels)
+        if src.module is None or args.arch or args.model:
+            strict_load(spec.model, spec.unwrapped.state_dict, spec.arch)
     if spec.unwrapped.removed:
         log.info("removed wrapper prefixes: %s", ", ".join(spec.unwrapped.removed))
     if src.device_tags and src.device_tags != ["cpu"]:
@@ -121,6 +131,7 @@ def export(args: argparse.Namespace) -> int:
         "source": {"checkpoint": str(args.checkpoint.resolve()), "sha256": src.sha256, "container": src.kind,
                    "removed_prefixes": spec.unwrapped.removed, "ignored_keys": spec.unwrapped.ignored[:20],
                    "device_tags": [t for t in src.device_tags if t != "cpu"]},
+        "timings": timings,  # seconds per phase, filled in as they finish
     }
     out = args.out or args.checkpoint.parent / f"{args.checkpoint.stem}.export"
     staging = out.parent / f".{out.name}.tmp.{os.getpid()}"
@@ -149,14 +160,18 @@ def _write_and_check(model, spec, src, args, formats, device, manifest, folder: 
     artifact_model = copy.deepcopy(model).half() if args.fp16 else model  # the fp32 model stays the reference
     example_typed = example.half() if args.fp16 else example
     exported: dict[str, dict] = {}
+    timings = manifest["timings"]
     with torch.inference_mode(False), torch.no_grad():
         if "onnx" in formats:
-            exported["onnx"] = export_onnx(artifact_model, example_typed, folder / ONNX, embedded_fields(manifest))
+            with _timed(timings, "onnx"):
+                exported["onnx"] = export_onnx(artifact_model, example_typed, folder / ONNX, embedded_fields(manifest))
         if "torchscript" in formats:
-            fields = {k: manifest[k] for k in manifest if k != "source"}
-            exported["torchscript"] = export_torchscript(artifact_model, example_typed, folder / TORCHSCRIPT, fields)
+            fields = {k: manifest[k] for k in manifest if k not in ("source", "timings")}
+            with _timed(timings, "torchscript"):
+                exported["torchscript"] = export_torchscript(artifact_model, example_typed, folder / TORCHSCRIPT, fields)
         if "safetensors" in formats:
-            exported["safetensors"] = export_safetensors(artifact_model, folder / SAFETENSORS, spec.arch)
+            with _timed(timings, "safetensors"):
+                exported["safetensors"] = export_safetensors(artifact_model, folder / SAFETENSORS, spec.arch)
     manifest["onnx"] = {"opset": exported["onnx"]["opset"], "external_data": exported["onnx"]["external_data"],
                         "input_name": "input", "output_name": "logits"} if "onnx" in exported else None
 
@@ -164,8 +179,9 @@ def _write_and_check(model, spec, src, args, formats, device, manifest, folder: 
     tol_default = DEFAULT_TOLERANCES["fp16" if args.fp16 else "fp32"]
     tol = Tolerance(args.atol if args.atol is not None else tol_default.atol,
                     args.rtol if args.rtol is not None else tol_default.rtol, tol_default.min_top1)
-    inputs, described = parity_inputs(pre, (src.meta or {}).get("data"), args.samples)
-    results = run_parity(model, folder, inputs, formats, device, args.fp16, tol) if {"onnx", "torchscript"} & set(formats) else []
+    with _timed(timings, "parity"):
+        inputs, described = parity_inputs(pre, (src.meta or {}).get("data"), args.samples)
+        results = run_parity(model, folder, inputs, formats, device, args.fp16, tol) if {"onnx", "torchscript"} & set(formats) else []
     manifest["parity"] = parity_report(results, device, args.fp16, tol, precision, len(inputs))
     manifest["parity"]["inputs_described"] = described
     if not results:
