@@ -12,11 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,18 +21,12 @@ import httpx
 import torch
 from PIL import Image
 
+from serve.process import BentoServer
 from train.checkpoint import load
 from train.data import digits_split
 from train.models import build_model
 from train.presets import Preprocessing, eval_transform
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -55,40 +45,20 @@ def main() -> int:
     with torch.inference_mode():
         eager = model.eval()(torch.stack([transform(img) for img in images])).argmax(1).tolist()
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = args.export_dir.parent / "serve.log"
-    env = {**os.environ, "HANDOFF_MODEL_DIR": str(args.export_dir.resolve())}
-    bentoml = str(Path(sys.executable).parent / "bentoml")
-    started = time.monotonic()
-    server = subprocess.Popen([bentoml, "serve", "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT, env=env,
-                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        while True:
-            if server.poll() is not None or time.monotonic() - started > 180:
-                print(f"the server did not become ready; see {log}", file=sys.stderr)
-                return 1
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        ready_s = time.monotonic() - started
-        info = httpx.get(f"{url}/info", timeout=10).json()
+    server = BentoServer(args.export_dir.parent / "serve.log", HANDOFF_MODEL_DIR=str(args.export_dir.resolve()))
+    with server:
+        ready_s = server.wait_ready()
+        info = httpx.get(f"{server.url}/info", timeout=10).json()
         served, latencies = [], []
         with httpx.Client(timeout=30) as client:
             for image in images:
                 buffer = io.BytesIO()
                 image.save(buffer, format="PNG")
                 t0 = time.perf_counter()
-                response = client.post(f"{url}/classify", files={"image": ("digit.png", buffer.getvalue())})
+                response = client.post(f"{server.url}/classify", files={"image": ("digit.png", buffer.getvalue())})
                 latencies.append(time.perf_counter() - t0)
                 response.raise_for_status()
                 served.append(response.json()["predictions"][0]["index"])
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
 
     def accuracy(predicted: list[int]) -> float:
         return 100.0 * sum(p == y for p, y in zip(predicted, labels)) / len(labels)

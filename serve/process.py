@@ -1,0 +1,76 @@
+"""Run `bentoml serve` as a child process on a free localhost port, and wait for it to be ready.
+
+Used by `make demo`, the tests and the benchmarks, so all three start the service the same way a user does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BentoServer:
+    def __init__(self, log: Path, target: str | None = None, cwd: Path = ROOT, **env: str) -> None:
+        """`target` is what `bentoml serve` serves (default: the bentofile in `cwd`); `env` adds variables."""
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.started = time.monotonic()
+        bentoml = str(Path(sys.executable).parent / "bentoml")
+        cmd = [bentoml, "serve", *([target] if target else []), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **env}, stdout=open(log, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def status(self, path: str) -> int | None:
+        try:
+            return httpx.get(self.url + path, timeout=5).status_code
+        except httpx.HTTPError:
+            return None
+
+    def _wait(self, path: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.status(path) != 200:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"bentoml serve exited ({self.proc.returncode}); log: {self.log}\n"
+                                   + self.log.read_text()[-3000:])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.url}{path} not 200 after {timeout}s; log: {self.log}")
+            time.sleep(0.1)
+
+    def wait_ready(self, timeout: float = 180) -> float:
+        """Seconds from launch to /readyz 200."""
+        self._wait("/readyz", timeout)
+        return time.monotonic() - self.started
+
+    def wait_live(self, timeout: float = 180) -> None:
+        self._wait("/livez", timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def __enter__(self) -> "BentoServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
