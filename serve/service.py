@@ -7,7 +7,8 @@ Settings (environment): HANDOFF_RUNTIME=onnx|torchscript, HANDOFF_DEVICE=auto|cp
 HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATENCY_MS, HANDOFF_MAX_BODY_MB, HANDOFF_MAX_PIXELS.
 
 Decoding and preprocessing run in worker threads outside the batched call; only validated tensors
-reach the batcher, so a bad request can never fail the good ones batched with it.
+reach the batcher (serve/batching.py: BentoML's adaptive dispatcher), so a bad request can never fail
+the good ones batched with it.
 """
 
 from __future__ import annotations
@@ -16,19 +17,19 @@ import logging
 import time
 from http import HTTPStatus
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
 import bentoml
 import numpy as np
 from bentoml.exceptions import BentoMLException
-from bentoml.validators import DType, Shape
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from export.manifest import ONNX_DATA, ManifestError, read_manifest, verify_artifacts
+from serve.batching import ModelBatcher
 from serve.config import ServeConfig
 from serve.limits import RequestLimits
 from serve.preprocess import BadImage, Preprocessor
@@ -46,18 +47,6 @@ class RequestError(BentoMLException):
         super().__init__(message, error_code=HTTPStatus(status))
 
 
-def _declared_input_shape() -> tuple[int, ...] | None:
-    """The model's input shape, read at import so the batched endpoint validates each request on its own."""
-    try:
-        return tuple(read_manifest(CONFIG.locate_model())["input"]["shape"])
-    except Exception:  # no model yet: the service will say so and stay not-ready
-        return None
-
-
-INPUT_SHAPE = _declared_input_shape()
-Batch = Annotated[np.ndarray, Shape(INPUT_SHAPE), DType("float32")] if INPUT_SHAPE else np.ndarray
-
-
 async def _get_info(request: Request) -> JSONResponse:
     return JSONResponse(bentoml.get_current_service().describe())
 
@@ -73,6 +62,7 @@ class HandoffClassifier:
 
     def __init__(self) -> None:
         self.not_ready: str | None = None
+        self.batcher: ModelBatcher | None = None
         started = time.monotonic()
         try:
             self._load()
@@ -103,13 +93,10 @@ class HandoffClassifier:
         if self.not_ready is not None:
             raise RequestError(f"model not ready: {self.not_ready}", status=503)
 
-    @bentoml.api(batchable=True, max_batch_size=CONFIG.max_batch_size, max_latency_ms=CONFIG.max_latency_ms)
-    def infer(self, batch: Batch) -> np.ndarray:
-        """The batched model call (logits). Clients use /predict or /classify, which validate first."""
-        return self.runtime(batch)
-
     async def _logits(self, batch: np.ndarray) -> np.ndarray:
-        return np.asarray(await self.to_async.infer(batch), dtype=np.float32)
+        if self.batcher is None:  # created on the server's event loop, at the first request
+            self.batcher = ModelBatcher(self.runtime, CONFIG.max_batch_size, CONFIG.max_latency_ms)
+        return await self.batcher(batch)
 
     @bentoml.api
     async def classify(self, image: Path, top_k: int = 5) -> dict[str, Any]:
