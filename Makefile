@@ -31,6 +31,9 @@ test: install
 # Every benchmark writes bench/results/<name>.json; BENCHMARKS.md is regenerated from them.
 bench: install
 	$(BIN)/python bench/checkpoint_stall.py --rounds 5
+	$(BIN)/python bench/serve_throughput.py --requests 300 --rounds 3
+	$(BIN)/python bench/export_time.py
+	$(BIN)/python bench/trainer_overhead.py --rounds 2
 	$(BIN)/python -m bench.results
 
 clean:

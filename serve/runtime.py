@@ -43,6 +43,9 @@ class OnnxRuntime:
 
         options = ort.SessionOptions()
         options.log_severity_level = 3  # the CPU fallback is detected below, not left to a log line
+        # ONNX Runtime's idle intra-op threads spin by default, taking the cores the image decoders need
+        # between batches; measured with bench/serve_throughput.py (see BENCHMARKS.md).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         wanted: list[Any] = []
         if device in ("auto", "cuda"):
             if os.environ.get("HANDOFF_TENSORRT") == "1":

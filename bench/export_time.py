@@ -1,0 +1,58 @@
+"""`python -m export` wall time for resnet18 and resnet50, split into its phases.
+
+    python bench/export_time.py [--device cpu|cuda]
+
+Each checkpoint is written the ImageNet example's way (arch inside, DataParallel prefixes) and exported
+with no flags. Phases (load, onnx, torchscript, safetensors, parity) come from the manifest's `timings`;
+the wall time also counts interpreter start and imports. Ratios: each phase's share of the export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.results import write_result  # noqa: E402
+
+ARCHS = ("resnet18", "resnet50")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="export-bench-"))
+    figures: dict = {"median_seconds": {}, "ratios": {}, "phases": {}}
+    for arch in ARCHS:
+        ckpt = work / f"{arch}.pth.tar"
+        model = torch.nn.DataParallel(torchvision.models.get_model(arch, weights=None))
+        torch.save({"epoch": 90, "arch": arch, "state_dict": model.state_dict()}, ckpt)
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "export", str(ckpt), "--no-bento", "--device", args.device],
+                       cwd=ROOT, check=True, capture_output=True)
+        wall = time.perf_counter() - started
+        phases = json.loads((work / f"{arch}.pth.export" / "manifest.json").read_text())["timings"]
+        total = sum(phases.values())
+        figures["phases"][arch] = phases
+        figures["median_seconds"][f"{arch}_wall"] = wall
+        figures["median_seconds"][f"{arch}_export"] = total
+        for phase, seconds in phases.items():
+            figures["ratios"][f"{arch}_{phase}_share"] = seconds / total
+        print(f"{arch}: wall {wall:.1f} s (export {total:.1f} s): "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
+    write_result(f"export_time_{args.device}", figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
