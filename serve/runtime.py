@@ -18,7 +18,8 @@ from export.manifest import ONNX, TORCHSCRIPT
 
 log = logging.getLogger("bentoml.handoff.runtime")
 
-RUNTIMES = ("onnx", "torchscript")
+RUNTIME_ARTIFACTS = {"onnx": ONNX, "torchscript": TORCHSCRIPT}  # the file each runtime loads
+RUNTIMES = tuple(RUNTIME_ARTIFACTS)
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -30,13 +31,12 @@ class Runtime(Protocol):
     name: str
     provider: str
     device: str
-    artifact: str
 
     def __call__(self, batch: np.ndarray) -> np.ndarray: ...
 
 
 class OnnxRuntime:
-    name, artifact = "onnx", ONNX
+    name = "onnx"
 
     def __init__(self, folder: Path, device: str, dtype: str) -> None:
         import onnxruntime as ort
@@ -54,7 +54,7 @@ class OnnxRuntime:
                                                              "trt_engine_cache_path": cache}))
             wanted.append(("CUDAExecutionProvider", {"use_tf32": 0}))
         wanted.append("CPUExecutionProvider")
-        self.session = ort.InferenceSession(str(folder / ONNX), options, providers=wanted)
+        self.session = ort.InferenceSession(str(folder / RUNTIME_ARTIFACTS[self.name]), options, providers=wanted)
         self.provider = self.session.get_providers()[0]
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
         if device == "cuda" and self.device != "cuda":
@@ -69,7 +69,7 @@ class OnnxRuntime:
 
 
 class TorchScriptRuntime:
-    name, artifact = "torchscript", TORCHSCRIPT
+    name = "torchscript"
 
     def __init__(self, folder: Path, device: str, dtype: str) -> None:
         import torch
@@ -79,7 +79,7 @@ class TorchScriptRuntime:
             raise RuntimeUnavailable("HANDOFF_DEVICE=cuda but torch sees no CUDA device")
         self.torch = torch
         self.torch_device = torch.device("cuda" if device in ("auto", "cuda") and has_cuda else "cpu")
-        self.module = torch.jit.load(str(folder / TORCHSCRIPT), map_location=self.torch_device).eval()
+        self.module = torch.jit.load(str(folder / RUNTIME_ARTIFACTS[self.name]), map_location=self.torch_device).eval()
         self.provider, self.device = "torch", self.torch_device.type
         self.dtype = torch.float16 if dtype == "float16" else torch.float32
 

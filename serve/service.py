@@ -28,12 +28,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from export.manifest import ONNX_DATA, ManifestError, read_manifest, verify_artifacts
+from export.manifest import ONNX, ONNX_DATA, ManifestError, read_manifest, verify_artifacts
 from serve.batching import ModelBatcher
 from serve.config import ServeConfig
 from serve.limits import RequestLimits
 from serve.preprocess import BadImage, Preprocessor
-from serve.runtime import RuntimeUnavailable, load_runtime, softmax
+from serve.runtime import RUNTIME_ARTIFACTS, RuntimeUnavailable, load_runtime, softmax
 
 log = logging.getLogger("bentoml.handoff")  # under "bentoml", so `bentoml serve` shows it
 CONFIG = ServeConfig()
@@ -76,9 +76,8 @@ class HandoffClassifier:
     def _load(self) -> None:
         self.folder = CONFIG.locate_model()
         self.manifest = read_manifest(self.folder)
-        self.runtime_artifact = "model.onnx" if CONFIG.runtime == "onnx" else "model.torchscript.pt"
-        checked = [self.runtime_artifact, ONNX_DATA]
-        verify_artifacts(self.folder, self.manifest, checked)  # a tampered artifact is never served
+        self.runtime_artifact = RUNTIME_ARTIFACTS.get(CONFIG.runtime, ONNX)
+        verify_artifacts(self.folder, self.manifest, [self.runtime_artifact, ONNX_DATA])  # never serve a tampered file
         self.runtime = load_runtime(CONFIG.runtime, self.folder, CONFIG.device, self.manifest["input"]["dtype"])
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
