@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -191,3 +193,47 @@ def test_bf16_autocast_trains_and_checkpoints(tmp_path: Path):
     ckpt = load(out / "last.pt")
     assert "scaler" not in ckpt, "bf16 needs no grad scaler; only fp16 saves one"
     assert all(t.dtype == torch.float32 for t in ckpt["model"].values() if t.is_floating_point())
+
+
+def _workers_of(agent: subprocess.Popen) -> list[psutil.Process]:
+    return [p for p in psutil.Process(agent.pid).children() if TRAIN in " ".join(p.cmdline())]
+
+
+def test_orphans_exit_and_never_share_the_run_folder(tmp_path: Path):
+    """A torchrun agent killed with SIGKILL leaves its workers behind: they must notice and exit, and a job
+    restarted at once on the same folder must wait for the lock instead of writing beside them."""
+    out = tmp_path / "run"
+    first = start(torchrun_cmd(2, "--epochs", "50", "--workers", "0", "--out", str(out)), tmp_path / "first.log")
+    wait_for(lambda: (out / "epoch_0001.pt").exists(), timeout=300, what="the first job's first checkpoint")
+    orphans = _workers_of(first)
+    assert len(orphans) == 2
+
+    # A second job on the same folder while the first is alive: refused, naming the owner.
+    busy = run(torchrun_cmd(1, "--epochs", "1", "--workers", "0", "--out", str(out)))
+    assert busy.returncode != 0 and "is in use by" in busy.stderr, busy.stderr[-2000:]
+    owner = json.loads((out / ".lock").read_text())
+    assert owner["pid"] == orphans[0].pid or owner["pid"] in [p.pid for p in orphans]
+
+    first.send_signal(signal.SIGKILL)  # the agent only; its workers sit in their own process groups
+    first.wait()
+    gone, alive = psutil.wait_procs(orphans, timeout=15)
+    assert not alive, f"orphaned workers still running: {alive}"
+    assert "torchrun agent" in (tmp_path / "first.log").read_text()
+
+    # Now the folder is free: the restarted job resumes from the killed job's last checkpoint.
+    resumed = run(torchrun_cmd(2, "--epochs", "2", "--workers", "0", "--out", str(out)))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stderr
+    assert load(out / "last.pt")["epoch"] >= 2
+
+
+def test_resume_never_runs_a_malicious_pickle(tmp_path: Path):
+    import checkpoint_fixtures as fx
+
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": "handoff.checkpoint/1", "payload": fx.RunsACommand(marker)}, evil)
+    result = run([torchrun_cmd(1)[0], TRAIN, "--resume", str(evil), "--workers", "0", "--out", str(tmp_path / "r")])
+    assert result.returncode == 2
+    assert "posix.system" in result.stderr and "refuses to run" in result.stderr
+    assert not marker.exists(), "the payload ran"

@@ -14,17 +14,21 @@ Guarantees:
 from __future__ import annotations
 
 import datetime
+import fcntl
+import json
 import logging
 import os
 import pickle
 import random
 import re
 import shutil
+import socket
+import time
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 import numpy as np
 import torch
@@ -110,6 +114,10 @@ def make_meta(arch: str, classes: list[str], preprocessing: dict[str, Any], worl
 
 # --- reading ------------------------------------------------------------------------------------
 
+class RunFolderBusy(CheckpointError):
+    """Another live process holds the run folder's lock."""
+
+
 class PickleRefused(CheckpointError):
     """The file holds pickled Python objects that `weights_only=True` will not construct."""
 
@@ -156,6 +164,7 @@ class CheckpointConfig:
 
     folder: Path
     keep_last: int = 3  # epoch files kept besides last.pt and best.pt; 0 keeps only those two
+    lock_wait_s: float = 10.0  # how long to wait for the run folder's lock (orphans of a killed job exit in ~1 s)
 
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
@@ -250,6 +259,36 @@ class SnapshotBuffers:
         return obj
 
 
+def lock_run_folder(folder: Path, wait_s: float) -> IO[str]:
+    """Take RUN/.lock (an flock, released by the kernel when its owner dies) and write who holds it.
+
+    Two jobs writing one run folder would clobber each other's checkpoints, e.g. a restarted job and the
+    orphaned workers of the killed one. A dead owner's lock is free at once; a live one's is waited for
+    `wait_s` seconds, then refused with the owner named.
+    """
+    handle = open(folder / ".lock", "a+")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                handle.seek(0)
+                owner = handle.read().strip() or "another process"
+                handle.close()
+                raise RunFolderBusy(f"{folder} is in use by {owner}; two jobs must not write one run folder "
+                                    "(use another --out, or stop that job)") from None
+            time.sleep(0.2)
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "job": os.environ.get("TORCHELASTIC_RUN_ID"),
+                             "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}))
+    handle.flush()
+    return handle
+
+
 class Checkpointer:
     """Saves on global rank 0 only, keeps last.pt / best.pt / the last k epoch files, resumes.
 
@@ -265,9 +304,11 @@ class Checkpointer:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint") if async_save and is_main else None
         self._in_flight: Future | None = None
         self._snapshots = SnapshotBuffers()
+        self._lock: IO[str] | None = None
         if is_main:
             cfg.folder.mkdir(parents=True, exist_ok=True)
-            self._remove_stale_temporaries()
+            self._lock = lock_run_folder(cfg.folder, cfg.lock_wait_s)
+            self._remove_stale_temporaries()  # safe only now: no other writer can be mid-save
 
     @property
     def last(self) -> Path:
@@ -308,6 +349,9 @@ class Checkpointer:
         finally:
             if self._writer is not None:
                 self._writer.shutdown(wait=True)
+            if self._lock is not None:
+                self._lock.close()  # releases the flock
+                self._lock = None
 
     def _write(self, state: dict[str, Any], epoch_done: bool, is_best: bool) -> None:
         folder = self.cfg.folder

@@ -41,7 +41,7 @@ from train.data import DataConfig, build_datasets, build_loaders
 from train.metrics import EpochMetrics, MetricsLog
 from train.models import build_model, check_arch
 from train.optim import SCHEDULES, OptimConfig, build_optimizer, build_scheduler
-from train.preemption import EXIT_PREEMPTED, StopRequest
+from train.lifecycle import EXIT_PREEMPTED, StopRequest, exit_when_orphaned
 
 log = logging.getLogger("train")
 
@@ -142,6 +142,7 @@ def resolve_resume(resume: str, checkpointer: Checkpointer) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    exit_when_orphaned()
     info = distributed.setup()
     setup_logging(info.rank)
     try:
@@ -175,7 +176,10 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
         log.warning("--amp fp16 on the CPU is emulated and about 50x slower here; use --amp bf16")
     scaler = torch.amp.GradScaler(info.device.type, enabled=args.amp == "fp16")
     criterion = nn.CrossEntropyLoss()
-    checkpointer = Checkpointer(ckpt_cfg, info.is_main, async_save=args.async_save)
+    try:  # rank 0 takes the run folder's lock here; its refusal reaches every rank through the broadcast below
+        checkpointer, error = Checkpointer(ckpt_cfg, info.is_main, async_save=args.async_save), None
+    except CheckpointError as err:
+        checkpointer, error = None, str(err)
     metrics = MetricsLog(ckpt_cfg.folder)
     meta = make_meta(args.arch, ds.classes, ds.preprocessing.to_meta(), info.world_size,
                      data=str(Path(args.data).resolve()) if args.data else EMBEDDED_DIGITS)
@@ -183,8 +187,8 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     torch.manual_seed(args.seed + info.rank)  # from here on, each rank draws its own random numbers
     epoch, position, step, best_acc1 = 0, 0, 0, 0.0
     # Rank 0 alone reads the checkpoint and broadcasts it: other nodes need not share its file system.
-    ckpt, error = None, None
-    if info.is_main:
+    ckpt = None
+    if info.is_main and checkpointer is not None:
         path = resolve_resume(args.resume, checkpointer)
         if path is not None:
             try:
