@@ -66,7 +66,7 @@ class MetricsLog:
         fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
         ax_loss.plot(epochs, [r.train_loss for r in rows], "o-", label="train")
         ax_loss.plot(epochs, [r.val_loss for r in rows], "o-", label="val")
-        ax_loss.set(title="loss", xlabel="epoch", ylabel="cross-entropy")
+        ax_loss.set(title="loss", xlabel="epoch", ylabel="cross-entropy (log scale)", yscale="log")
         ax_acc.plot(epochs, [r.train_acc1 for r in rows], "o-", label="train")
         ax_acc.plot(epochs, [r.val_acc1 for r in rows], "o-", label="val")
         ax_acc.set(title="top-1 accuracy", xlabel="epoch", ylabel="%", ylim=(0, 100))
