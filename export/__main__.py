@@ -47,22 +47,32 @@ EXPORT_BATCH = 2
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m export", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="examples:\n" + __doc__.split("\n\n")[1] + "\n\n" + __doc__.split("\n\n")[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("checkpoint", type=Path, help="a .pt/.pth/.ckpt/.safetensors file")
-    p.add_argument("--out", type=Path, default=None, help="export folder (default: CHECKPOINT's folder/<name>.export)")
-    p.add_argument("--arch", default=None, help="torchvision architecture, when the checkpoint does not say")
-    p.add_argument("--model", default=None, help="module:factory building your own nn.Module (gets num_classes= if it takes it)")
-    p.add_argument("--image-size", type=int, default=None, help="input side, when the checkpoint does not say (default 224)")
-    p.add_argument("--labels", type=Path, default=None, help="class names, one per line, in index order")
-    p.add_argument("--formats", default="onnx,torchscript,safetensors", help="comma-separated subset of " + ",".join(FORMATS))
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the eager reference runs")
-    p.add_argument("--fp16", action="store_true", help="export half-precision artifacts (checked with fp16 tolerances)")
-    p.add_argument("--samples", type=Path, default=None, help="folder of real images for the parity check")
-    p.add_argument("--atol", type=float, default=None, help="parity absolute tolerance (fp32 1e-4, fp16 5e-2)")
-    p.add_argument("--rtol", type=float, default=None, help="parity relative tolerance (fp32 1e-3, fp16 5e-2)")
-    p.add_argument("--trust-pickle", action="store_true", help="allow full unpickling (runs code from the file!)")
-    p.add_argument("--name", default=bento.DEFAULT_NAME, help="model name in the BentoML model store")
+    p.add_argument("checkpoint", type=Path, help="a .pt/.pth/.pth.tar/.ckpt/.safetensors file")
+    p.add_argument("--out", type=Path, default=None, help="export folder (default: beside the checkpoint, "
+                   "<checkpoint name>.export)")
+    p.add_argument("--arch", default=None, help="torchvision architecture, when the checkpoint does not name one")
+    p.add_argument("--model", default=None, help="module:factory that builds your own nn.Module "
+                   "(called with num_classes= when it takes it)")
+    p.add_argument("--image-size", type=int, default=None, help="input side, when the checkpoint does not say "
+                   "(default: 224)")
+    p.add_argument("--labels", type=Path, default=None, help="class names, one per line, in index order "
+                   "(default: the checkpoint's, else 0..N-1)")
+    p.add_argument("--formats", default="onnx,torchscript,safetensors", help="comma-separated subset of "
+                   + ",".join(FORMATS) + " (default: all)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the eager reference "
+                   "runs; auto: CUDA when present (default: auto)")
+    p.add_argument("--fp16", action="store_true", help="export half-precision artifacts, checked with fp16 tolerances")
+    p.add_argument("--samples", type=Path, default=None, help="folder of real images for the parity check "
+                   "(default: the training data when the checkpoint names it, else scikit-learn's sample photos)")
+    p.add_argument("--atol", type=float, default=None, help="parity absolute tolerance (default: 1e-4, fp16 5e-2)")
+    p.add_argument("--rtol", type=float, default=None, help="parity relative tolerance (default: 1e-3, fp16 5e-2)")
+    p.add_argument("--trust-pickle", action="store_true", help="allow full unpickling; this runs code from the "
+                   "file, so only for files you trust")
+    p.add_argument("--name", default=bento.DEFAULT_NAME, help="model name in the BentoML model store "
+                   f"(default: {bento.DEFAULT_NAME})")
     p.add_argument("--no-bento", action="store_true", help="do not register the result in the BentoML model store")
     return p
 

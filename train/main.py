@@ -50,35 +50,39 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        description="DDP training of a torchvision classifier. Global rank 0 alone writes RUN/ "
+        description="DDP training of a torchvision classifier. Global rank 0 alone writes the run folder "
         "(last.pt, best.pt, epoch_*.pt, metrics.csv, curves.png).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="launch: " + __doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("data")
-    g.add_argument("--data", default=None, help="ImageFolder root holding train/ and val/; default: the embedded "
-                   "scikit-learn handwritten digits (1,797 images, 10 classes)")
-    g.add_argument("--image-size", type=int, default=32, help="side of the square the model sees")
-    g.add_argument("--resize", type=int, default=None, help="eval resize before the center crop "
-                   "(default: image size for the digits, image size / 0.875 for an ImageFolder)")
-    g.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
+    g.add_argument("--data", default=None, help="ImageFolder root holding train/ and val/ (default: the embedded "
+                   "scikit-learn handwritten digits, 1,797 images, 10 classes)")
+    g.add_argument("--image-size", type=int, default=32, help="side of the square the model sees (default: 32)")
+    g.add_argument("--resize", type=int, default=None, help="eval resize before the center crop (default: the image "
+                   "size for the digits, image size / 0.875 for an ImageFolder)")
+    g.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank (default: 2)")
     g = p.add_argument_group("model and optimisation")
-    g.add_argument("--arch", default="resnet18", help="any torchvision classifier name")
-    g.add_argument("--epochs", type=int, default=10)
-    g.add_argument("--batch-size", type=int, default=32, help="images per process per step")
+    g.add_argument("--arch", default="resnet18", help="any torchvision classifier name (default: resnet18)")
+    g.add_argument("--epochs", type=int, default=10, help="total epochs; the schedule spans them (default: 10)")
+    g.add_argument("--batch-size", type=int, default=32, help="images per process per step (default: 32)")
     g.add_argument("--lr", type=float, default=None, help="initial learning rate (default: 0.1 x global batch / 256, "
                    "the linear scaling rule)")
-    g.add_argument("--momentum", type=float, default=0.9)
-    g.add_argument("--weight-decay", type=float, default=1e-4)
-    g.add_argument("--schedule", choices=SCHEDULES, default="cosine")
-    g.add_argument("--step-size", type=int, default=30, help="step schedule: epochs between decays")
-    g.add_argument("--gamma", type=float, default=0.1, help="step schedule: decay factor")
-    g.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None, help="mixed precision (fp16 adds a grad scaler)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    g.add_argument("--weight-decay", type=float, default=1e-4, help="not applied to norms and biases (default: 1e-4)")
+    g.add_argument("--schedule", choices=SCHEDULES, default="cosine", help="learning-rate schedule (default: cosine)")
+    g.add_argument("--step-size", type=int, default=30, help="step schedule: epochs between decays (default: 30)")
+    g.add_argument("--gamma", type=float, default=0.1, help="step schedule: decay factor (default: 0.1)")
+    g.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None, help="mixed precision; fp16 adds a grad scaler "
+                   "and is slow on the CPU, use bf16 there (default: off)")
+    g.add_argument("--seed", type=int, default=0, help="same seed, same run, bit for bit on the CPU (default: 0)")
     g = p.add_argument_group("checkpoints")
-    g.add_argument("--out", default="runs/default", help="run folder, written by global rank 0 only")
+    g.add_argument("--out", default="runs/default", help="run folder, written by global rank 0 only "
+                   "(default: runs/default)")
     g.add_argument("--resume", default="auto", help="auto: continue from OUT/last.pt when present; none: start "
-                   "afresh; or a checkpoint path")
-    g.add_argument("--keep-last", type=int, default=3, help="epoch checkpoints kept besides last.pt and best.pt")
+                   "afresh; or a checkpoint path (default: auto)")
+    g.add_argument("--keep-last", type=int, default=3, help="epoch checkpoints kept besides last.pt and best.pt "
+                   "(default: 3)")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background: the loop waits "
                    "only for a copy of the state in CPU memory (at most one save in flight)")
     return p
