@@ -237,15 +237,21 @@ def test_concurrent_burst_mixing_good_and_bad(server, eager):
     assert server.status("/readyz") == 200
 
 
-def test_torchscript_runtime(exported, tmp_path):
-    srv = Server(tmp_path / "ts.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_RUNTIME="torchscript")
-    try:
+CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"HANDOFF_RUNTIME": "torchscript"}, {"runtime": "torchscript", "device": "cpu"}),
+    pytest.param({"HANDOFF_DEVICE": "cuda"}, {"provider": "CUDAExecutionProvider", "device": "cuda"}, marks=CUDA_ONLY),
+    pytest.param({"HANDOFF_RUNTIME": "torchscript", "HANDOFF_DEVICE": "cuda"}, {"runtime": "torchscript", "device": "cuda"},
+                 marks=CUDA_ONLY),
+])
+def test_runtime_and_device_are_used_and_reported(env, expected, exported, tmp_path):
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), **env) as srv:
         srv.wait_ready()
         info = httpx.get(f"{srv.url}/info", timeout=10).json()
-        assert info["runtime"] == "torchscript" and info["device"] == "cpu"
+        assert {k: info[k] for k in expected} == expected
         assert classify(srv.url, png_bytes(digit_images(1)[0][0])).status_code == 200
-    finally:
-        srv.stop()
 
 
 @pytest.mark.parametrize("fault", ["tampered", "cuda-without-gpu"])
@@ -291,15 +297,3 @@ def test_bentoml_build_packs_the_model(exported, tmp_path):
     assert bentos, built.stdout
     bento_yaml = bentos[0].read_text()
     assert registered.stdout.strip().split(":")[1] in bento_yaml, "the model is packed into the Bento"
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_provider_is_used_and_reported(exported, tmp_path):
-    srv = Server(tmp_path / "cuda.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_DEVICE="cuda")
-    try:
-        srv.wait_ready()
-        info = httpx.get(f"{srv.url}/info", timeout=10).json()
-        assert info["provider"] == "CUDAExecutionProvider" and info["device"] == "cuda"
-        assert classify(srv.url, png_bytes(digit_images(1)[0][0])).status_code == 200
-    finally:
-        srv.stop()
