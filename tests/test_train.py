@@ -237,3 +237,33 @@ def test_resume_never_runs_a_malicious_pickle(tmp_path: Path):
     assert result.returncode == 2
     assert "posix.system" in result.stderr and "refuses to run" in result.stderr
     assert not marker.exists(), "the payload ran"
+
+
+def test_imagefolder_data_trains_and_exports_with_its_val_images(tmp_path: Path):
+    """--data DIR: the ImageNet example's layout (DIR/train/<class>/*, DIR/val/<class>/*), here built from the digits."""
+    from PIL import Image
+
+    from train.data import digits_split
+
+    (x_train, y_train), (x_val, y_val) = digits_split()
+    root = tmp_path / "images"
+    for split, xs, ys in (("train", x_train[:300], y_train[:300]), ("val", x_val[:60], y_val[:60])):
+        for i, (image, label) in enumerate(zip(xs, ys)):
+            folder = root / split / f"digit_{label}"
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(folder / f"{i}.png")
+    out = tmp_path / "run"
+    result = run([torchrun_cmd(1)[0], TRAIN, "--data", str(root), "--epochs", "1", "--workers", "2",
+                  "--out", str(out)])
+    assert result.returncode == 0, result.stderr
+    meta = load(out / "last.pt")["meta"]
+    assert meta["classes"] == [f"digit_{i}" for i in range(10)] and meta["data"] == str(root.resolve())
+    assert meta["resize"] == round(32 / 0.875) and meta["image_size"] == 32
+    exported = run([torchrun_cmd(1)[0], "-m", "export", str(out / "last.pt"), "--formats", "onnx", "--no-bento"])
+    assert exported.returncode == 0, exported.stderr
+    manifest = json.loads((out / "last.export" / "manifest.json").read_text())
+    assert manifest["classes"] == meta["classes"]
+    assert str(root / "val") in manifest["parity"]["inputs_described"]
+
+    missing = run([torchrun_cmd(1)[0], TRAIN, "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")])
+    assert missing.returncode == 2 and "expected an ImageFolder tree with train/" in missing.stderr
