@@ -192,10 +192,7 @@ def _write_and_check(model, spec, src, args, formats, device, manifest, folder: 
     with _timed(timings, "parity"):
         inputs, described = parity_inputs(pre, (src.meta or {}).get("data"), args.samples)
         results = run_parity(model, folder, inputs, formats, device, args.fp16, tol) if {"onnx", "torchscript"} & set(formats) else []
-    manifest["parity"] = parity_report(results, device, args.fp16, tol, precision, len(inputs))
-    manifest["parity"]["inputs_described"] = described
-    if not results:
-        manifest["parity"]["pass"] = True  # weights only: nothing computes, nothing to compare
+    manifest["parity"] = parity_report(results, device, args.fp16, tol, precision, len(inputs), described)
     manifest["artifacts"] = describe_artifacts(folder, [f for e in exported.values() for f in e["files"]])
     manifest["versions"] = _versions()
     manifest["status"] = "passed" if manifest["parity"]["pass"] else "failed"

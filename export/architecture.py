@@ -104,20 +104,17 @@ def resolve_model(src: Source, arch_flag: str | None, model_flag: str | None, im
         with torch.inference_mode():  # a pickled model says its class count only through its output
             num_classes = model.eval()(torch.zeros(1, 3, image_size, image_size)).shape[1]
 
-    outputs = num_classes or (src.meta or {}).get("num_classes")
-    classes = _classes(src, labels, outputs)
+    classes = _classes(src, labels, num_classes)
     num_classes = len(classes)
     preprocess = preprocess_from_meta(src.meta) if src.meta else _default_preprocess(image_size)
     return ModelSpec(arch, num_classes, classes, preprocess, model, unwrapped)
 
 
-def _classes(src: Source, labels: list[str] | None, num_classes: int | None) -> list[str]:
+def _classes(src: Source, labels: list[str] | None, num_classes: int) -> list[str]:
     if labels is not None:
-        if num_classes is not None and len(labels) != num_classes:
+        if len(labels) != num_classes:
             raise ValueError(f"--labels lists {len(labels)} names but the model has {num_classes} outputs")
         return labels
     if src.meta and src.meta.get("classes"):
         return [str(c) for c in src.meta["classes"]]
-    if num_classes is None:
-        raise ValueError(f"{src.path}: cannot tell the number of classes; pass --labels FILE (one name per line)")
     return [str(i) for i in range(num_classes)]
