@@ -1,5 +1,6 @@
-"""An ASGI middleware that answers oversized bodies with 413 and wrong content types with 415,
-before BentoML reads or parses anything."""
+"""An ASGI middleware that checks POST requests before BentoML reads them: 413 for a body over the limit
+(declared or counted), 415 for a wrong content type, 400 for wrong multipart fields (BentoML itself
+answers a malformed form with 500)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 async def _json_error(send: Send, status: int, message: str) -> None:
     body = json.dumps({"error": message}).encode()
     await send({"type": "http.response.start", "status": status,
@@ -22,15 +19,26 @@ async def _json_error(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _replay(body: bytes) -> Receive:
+    """A `receive` that hands the buffered body to the app once, then reports the client gone."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
 async def _form_problem(scope: Scope, body: bytes, fields: dict[str, str]) -> str | None:
     """What is wrong with a multipart body's fields (unknown, missing, or a text where a file belongs)."""
     from starlette.requests import Request
 
-    async def replay() -> dict[str, Any]:
-        return {"type": "http.request", "body": body, "more_body": False}
-
     try:
-        form = await Request(scope, replay).form()
+        form = await Request(scope, _replay(body)).form()
     except Exception as err:  # noqa: BLE001 - any parse failure is the client's malformed body
         return f"malformed multipart body ({err})"
     try:
@@ -58,59 +66,30 @@ class RequestLimits:
         await _json_error(send, 413, f"request body is larger than the limit of {self.max_bytes} bytes")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._refuse(send)
-        expected = self.content_types.get(scope["path"]) if scope["method"] == "POST" else None
+        expected = self.content_types.get(scope["path"])
         sent = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if expected and sent != expected:
             return await _json_error(send, 415, f"{scope['path']} takes {expected}, not {sent or 'a body without a type'}")
-        fields = self.form_fields.get(scope["path"]) if scope["method"] == "POST" else None
-        if fields:
-            # BentoML answers a malformed form with 500; read the (size-limited) body once, check, replay it.
-            chunks, size, more = [], 0, True
-            while more:
-                message = await receive()
-                chunks.append(message.get("body", b""))
-                size += len(chunks[-1])
-                more = message.get("more_body", False)
-                if size > self.max_bytes:
-                    return await self._refuse(send)
-            body = b"".join(chunks)
-            problem = await _form_problem(scope, body, fields)
-            if problem:
-                return await _json_error(send, 400, problem)
-            replayed = False
-
-            async def receive() -> dict[str, Any]:  # noqa: F811 - the app reads the buffered body
-                nonlocal replayed
-                if replayed:
-                    return {"type": "http.disconnect"}
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-        seen = 0
-
-        async def counting_receive() -> dict[str, Any]:  # chunked bodies carry no length: count them
-            nonlocal seen
+        # Read the body once (chunked bodies declare no length, so it is counted), check it, replay it.
+        chunks, size, more = [], 0, True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge()
-            return message
-
-        started = False
-
-        async def tracking_send(message: dict[str, Any]) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await self._refuse(send)
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                return await self._refuse(send)
+        body = b"".join(chunks)
+        fields = self.form_fields.get(scope["path"])
+        problem = await _form_problem(scope, body, fields) if fields else None
+        if problem:
+            return await _json_error(send, 400, problem)
+        await self.app(scope, _replay(body), send)
