@@ -31,6 +31,7 @@ from train.checkpoint import (
     EMBEDDED_DIGITS,
     CheckpointError,
     Checkpointer,
+    CheckpointWriteError,
     capture_rng,
     load,
     make_meta,
@@ -151,6 +152,9 @@ def main(args: argparse.Namespace) -> int:
     setup_logging(info.rank)
     try:
         return train(args, info)
+    except CheckpointWriteError as err:  # the environment failed (full disk...), not the command line
+        log.error("%s", err)
+        return 1
     except (ValueError, CheckpointError) as err:
         log.error("%s", err)
         return 2

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
+import logging
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,8 +47,12 @@ class MetricsLog:
             self._write(kept)
 
     def append(self, row: EpochMetrics) -> None:
-        self._write(self.read() + [row])
-        self.plot()
+        """Add a row and redraw the curves; a full disk only warns, since the checkpoint is what matters."""
+        try:
+            self._write(self.read() + [row])
+            self.plot()
+        except OSError as err:
+            log.warning("could not write %s or %s: %s", self.csv_path.name, self.png_path.name, err)
 
     def _write(self, rows: list[EpochMetrics]) -> None:
         tmp = self.csv_path.with_suffix(".csv.tmp")

@@ -1,0 +1,77 @@
+"""A full disk or a read-only folder at save time: one clear error, a non-zero exit, and the previous
+checkpoint untouched. The faults are real: a small tmpfs filled up, a tmpfs mounted read-only."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import load, run, torchrun_cmd
+
+FAST = ("--batch-size", "32", "--seed", "1", "--workers", "0", "--keep-last", "1")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 200 MB tmpfs: room for one digits checkpoint (~90 MB) and not for a second beside it once filled."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def fill(disk: Path, leave_bytes: int) -> None:
+    free = shutil.disk_usage(disk).free
+    with open(disk / "filler", "wb") as f:
+        f.truncate(0)
+        f.write(b"\0" * max(0, free - leave_bytes))  # tmpfs allocates what is written, not what is truncated
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_full_disk_at_save_stops_with_one_line_and_keeps_last(small_disk: Path, mode: str):
+    out = small_disk / "run"
+    extra = ("--async-save",) if mode == "async" else ()
+    first = run(torchrun_cmd(2, "--epochs", "1", "--out", str(out), *FAST, *extra))
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = sha256(out / "last.pt")
+
+    fill(small_disk, leave_bytes=30 << 20)  # the next checkpoint needs ~90 MB
+    second = run(torchrun_cmd(2, "--epochs", "3", "--out", str(out), *FAST, *extra), timeout=300)
+
+    assert second.returncode != 0
+    errors = [line for line in second.stderr.splitlines() if "[rank0] ERROR" in line]
+    print(f"\nfull disk ({mode}): exit {second.returncode}; rank 0 said: {errors}")
+    assert len(errors) == 1, second.stderr[-3000:]
+    assert "No space left on device (ENOSPC)" in errors[0] and "last.pt is untouched" in errors[0]
+    assert "[rank1] ERROR rank 0: cannot save" in second.stderr, "the other rank stops with the same reason"
+    assert "]: Traceback" not in second.stderr, "no worker traceback (torchrun prefixes them with [rankN]:)"
+    assert sha256(out / "last.pt") == before and load(out / "last.pt")["epoch"] == 1
+    assert not list(out.glob(".*.tmp.*")), "the partial temporary is removed"
+
+    (small_disk / "filler").unlink()  # room again: the same command resumes and finishes
+    third = run(torchrun_cmd(2, "--epochs", "2", "--out", str(out), *FAST, *extra))
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert load(out / "last.pt")["epoch"] == 2
+
+
+def test_read_only_run_folder_is_refused_with_one_line(small_disk: Path):
+    out = small_disk / "run"
+    out.mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    result = run(torchrun_cmd(1, "--epochs", "1", "--out", str(out), *FAST), timeout=120)
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert result.returncode != 0
+    assert len(errors) == 1 and "cannot write to the run folder" in errors[0] and "(EROFS)" in errors[0], result.stderr[-2000:]
+    assert os.listdir(out) == []
