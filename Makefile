@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NPROC ?= 2
 RUN ?= runs/demo
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test soak bench clean
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest
+
+# 10,000 mixed requests at concurrency 32 against a served model: failures, memory growth, p99 (~3 min).
+soak: install
+	$(BIN)/python -m pytest tests/reliability/test_service_load.py -m soak -s
 
 # Every benchmark writes bench/results/<name>.json; BENCHMARKS.md is regenerated from them.
 bench: install

@@ -29,6 +29,8 @@ class ServeConfig:
     max_batch_size: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_BATCH_SIZE", 32))
     max_latency_ms: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_LATENCY_MS", 10_000))
     """BentoML's batching budget: requests it expects to wait longer are refused with 503, so keep it generous"""
+    max_concurrency: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_CONCURRENCY", 256))
+    """requests in progress at once; more are answered 429 at once instead of queueing into timeouts"""
     max_body_bytes: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_BODY_MB", 20) * 1024 * 1024)
     max_pixels: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_PIXELS", 40_000_000))
     """decompression-bomb guard: larger images are refused before decoding"""
@@ -36,6 +38,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.max_batch_size < 2:
             raise ValueError(f"HANDOFF_MAX_BATCH_SIZE={self.max_batch_size}: must be at least 2")
+        if self.max_concurrency < 1:
+            raise ValueError(f"HANDOFF_MAX_CONCURRENCY={self.max_concurrency}: must be at least 1")
 
     def batch_buckets(self) -> list[int]:
         """Batch sizes warmed up before ready: powers of two up to the batcher's maximum."""

@@ -55,7 +55,7 @@ info_app = Starlette(routes=[Route("/info", _get_info, methods=["GET"])])
 
 
 @bentoml.asgi_app(info_app, path="/")
-@bentoml.service(name="handoff", traffic={"timeout": 60})
+@bentoml.service(name="handoff", traffic={"timeout": 60, "max_concurrency": CONFIG.max_concurrency})
 class HandoffClassifier:
     # Referenced at class level so `bentoml build` packs the model; not used when HANDOFF_MODEL_DIR is set.
     bento_model = None if CONFIG.model_dir else bentoml.models.BentoModel(f"{CONFIG.model_name}:latest")

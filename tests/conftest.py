@@ -1,17 +1,25 @@
-"""Shared helpers: launch the real trainer under torchrun, read real checkpoint files."""
+"""Shared helpers: launch the real trainer under torchrun, read real checkpoint files, serve and call the
+digits model over HTTP."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
+from PIL import Image
 
 from serve.process import BentoServer, free_port  # noqa: F401 - re-exported for the tests
+from train.data import digits_split
+from train.models import build_model
+from train.presets import Preprocessing, eval_transform
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "train" / "main.py")
@@ -65,3 +73,47 @@ def digits_args() -> tuple[str, ...]:
 
 
 Server = BentoServer  # the tests start the service exactly as `make demo` does
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory) -> Path:
+    """The digits model trained for 2 epochs and exported: what the serving tests serve."""
+    run_dir = tmp_path_factory.mktemp("digits_run")
+    trained = run([sys.executable, TRAIN, "--epochs", "2", "--workers", "0", "--out", str(run_dir)])
+    assert trained.returncode == 0, trained.stderr
+    done = run([sys.executable, "-m", "export", str(run_dir / "last.pt"), "--no-bento"])
+    assert done.returncode == 0, done.stderr
+    return run_dir / "last.export"
+
+
+@pytest.fixture(scope="session")
+def eager(exported: Path):
+    """The eager model behind the export, with its torchvision evaluation transform."""
+    manifest = json.loads((exported / "manifest.json").read_text())
+    model = build_model(manifest["arch"], manifest["num_classes"], manifest["preprocess"]["crop"])
+    model.load_state_dict(load(Path(manifest["source"]["checkpoint"]))["model"])
+    pre = manifest["preprocess"]
+    transform = eval_transform(Preprocessing(crop=pre["crop"], resize=pre["resize"]))
+    return model.eval(), transform
+
+
+def eager_top1(eager, images: list[Image.Image]) -> list[int]:
+    model, transform = eager
+    with torch.inference_mode():
+        return model(torch.stack([transform(img) for img in images])).argmax(1).tolist()
+
+
+def png_bytes(image: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def digit_images(count: int) -> tuple[list[Image.Image], list[int]]:
+    _, (x_val, y_val) = digits_split()
+    return [Image.fromarray(img).convert("RGB") for img in x_val[:count]], [int(y) for y in y_val[:count]]
+
+
+def classify(url: str, data: bytes, name: str = "image.png", field: str = "image", **params) -> httpx.Response:
+    return httpx.post(f"{url}/classify", files={field: (name, data)}, data={k: str(v) for k, v in params.items()},
+                      timeout=60)

@@ -16,39 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import ROOT, TRAIN, Server, run
+from conftest import ROOT, Server, classify, digit_images, eager_top1, png_bytes
 from serve.preprocess import Preprocessor
-from train.checkpoint import load
-from train.data import digits_split
-from train.models import build_model
 from train.presets import Preprocessing, eval_transform
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("serve_run")
-    trained = run([sys.executable, TRAIN, "--epochs", "2", "--workers", "0", "--out", str(run_dir)])
-    assert trained.returncode == 0, trained.stderr
-    done = run([sys.executable, "-m", "export", str(run_dir / "last.pt"), "--no-bento"])
-    assert done.returncode == 0, done.stderr
-    return run_dir / "last.export"
-
-
-@pytest.fixture(scope="module")
-def eager(exported: Path):
-    """The eager model behind the export, with its torchvision evaluation transform."""
-    manifest = json.loads((exported / "manifest.json").read_text())
-    model = build_model(manifest["arch"], manifest["num_classes"], manifest["preprocess"]["crop"])
-    model.load_state_dict(load(Path(manifest["source"]["checkpoint"]))["model"])
-    pre = manifest["preprocess"]
-    transform = eval_transform(Preprocessing(crop=pre["crop"], resize=pre["resize"]))
-    return model.eval(), transform
-
-
-def eager_top1(eager, images: list[Image.Image]) -> list[int]:
-    model, transform = eager
-    with torch.inference_mode():
-        return model(torch.stack([transform(img) for img in images])).argmax(1).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -57,22 +27,6 @@ def server(exported: Path, tmp_path_factory):
     srv.ready_seconds = srv.wait_ready()
     yield srv
     srv.stop()
-
-
-def png_bytes(image: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
-
-
-def digit_images(count: int) -> tuple[list[Image.Image], list[int]]:
-    _, (x_val, y_val) = digits_split()
-    return [Image.fromarray(img).convert("RGB") for img in x_val[:count]], [int(y) for y in y_val[:count]]
-
-
-def classify(url: str, data: bytes, name: str = "image.png", field: str = "image", **params) -> httpx.Response:
-    return httpx.post(f"{url}/classify", files={field: (name, data)}, data={k: str(v) for k, v in params.items()},
-                      timeout=60)
 
 
 def test_preprocessing_matches_torchvision_exactly():
