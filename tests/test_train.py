@@ -139,7 +139,7 @@ def test_worker_crash_restarts_and_matches_reference(reference: Path, tmp_path: 
     out = tmp_path / "run"
     log = tmp_path / "torchrun.log"
     proc = start(torchrun_cmd(2, *ARGS, "--async-save", "--out", str(out),
-                              launcher_args=("--standalone", "--max-restarts", "2")), log)
+                              launcher_args=("--standalone", "--max-restarts", "3")), log)
     wait_for(lambda: (out / "epoch_0002.pt").exists(), timeout=300, what="epoch 2 checkpoint")
     workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if TRAIN in " ".join(p.cmdline())
                and p.ppid() == proc.pid]
