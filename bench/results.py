@@ -21,9 +21,10 @@ def machine() -> dict[str, Any]:
             "torch": str(torch.__version__), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
-def write_result(name: str, figures: dict[str, Any]) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_result(name: str, figures: dict[str, Any], folder: Path | None = None) -> Path:
+    folder = folder or RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     record = {"benchmark": name, "command": " ".join([Path(sys.executable).name, *sys.argv]),
               "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), **figures}
     path.write_text(json.dumps(record, indent=2) + "\n")

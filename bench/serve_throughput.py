@@ -2,7 +2,7 @@
 
     python bench/serve_throughput.py [--device cpu|cuda] [--requests 300] [--rounds 3]
 
-Model: resnet18 at 224 px, 1000 classes, random weights, exported by `python -m export`.
+Model: resnet18 at 224 px, 1000 classes, random weights, exported by `python -m export` (or --export DIR).
 - limit: the same JPEGs decoded, preprocessed and run through ONNX Runtime in this one process, at the
   best batch size, measured while no server runs (both cores, ONNX Runtime's default threads);
 - peer: bench/peer/service.py, a plain BentoML service (decode inside the API, one model call per request);
@@ -135,9 +135,11 @@ def main() -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--requests", type=int, default=300, help="requests per concurrency level and round")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 (default)")
+    p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="serve-bench-"))
-    folder = make_model(work)
+    folder = args.export or make_model(work)
     jpegs = make_jpegs()
     limit = measure_limit(folder, jpegs, args.device)
     print(f"limit (in-process, best batch): {limit['images_per_s']:.1f} images/s; single image "
@@ -168,7 +170,7 @@ def main() -> int:
         else ratios["ours_over_peer_c64"] >= 2
     print(f"goal ({'>= 0.9 x limit at c=64 and p50 within 3 ms' if args.device == 'cpu' else '>= 2 x peer'}): "
           f"{'met' if goal else 'NOT met'}")
-    write_result(f"serve_throughput_{args.device}", {
+    write_result(f"serve_throughput_{args.device}", folder=args.results_dir, figures={
         "device": args.device, "limit": limit, "services": {n: {str(c): r for c, r in s.items()} for n, s in services.items()},
         "ratios": ratios, "added_ms_at_c1": added_ms,
         "median_seconds": {"limit_single_image": limit["single_image_ms"] / 1000,

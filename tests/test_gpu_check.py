@@ -1,0 +1,37 @@
+"""scripts/gpu_check.sh --dry-run-cpu: every step of the GPU check runs here, so the script cannot rot
+between the rare runs on a real GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import ROOT
+
+STEPS = ["train one epoch, then resume", "export resnet18 with parity (fp32, TF32 off)",
+         "export resnet18 with parity (fp16)", "serve with bentoml on the device", "serving benchmark",
+         "TensorRT execution provider"]
+
+
+def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
+    out = tmp_path / "check"
+    result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run-cpu", "--out", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900)
+    report = json.loads((out / "gpu_check.json").read_text())
+    failed = [(s["name"], s["error"]) for s in report["steps"] if not s["ok"]]
+    assert result.returncode == 0 and report["passed"], failed or result.stdout[-3000:]
+    assert report["mode"] == "dry-run-cpu" and report["environment"]["requested_device"] == "cpu"
+    steps = {s["name"]: s["details"] for s in report["steps"]}
+    assert list(steps) == STEPS
+    assert steps["train one epoch, then resume"]["backend"] == "gloo"
+    for precision in ("fp32, TF32 off", "fp16"):
+        parity = steps[f"export resnet18 with parity ({precision})"]
+        assert parity["pass"] and {r["artifact"] for r in parity["results"]} == {"model.onnx", "model.torchscript.pt"}
+        assert parity["precision"]["tf32"] is False
+    assert steps["serve with bentoml on the device"]["info"]["provider"] == "CPUExecutionProvider"
+    bench = steps["serving benchmark"]
+    assert set(bench["ours"]) == {"1", "16", "64"} and all(r["errors"] == 0 for r in bench["ours"].values())
+    trt = steps["TensorRT execution provider"]
+    assert trt["loaded"] or trt["why"], "TensorRT is either shown working or the reason is given"
+    assert (out / "gpu_check.log").read_text().count("===") == 2 * len(STEPS)
