@@ -25,7 +25,7 @@ import numpy as np
 from bentoml.exceptions import BentoMLException
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
 from export.manifest import ONNX, ONNX_DATA, ManifestError, read_manifest, verify_artifacts
@@ -47,11 +47,20 @@ class RequestError(BentoMLException):
         super().__init__(message, error_code=HTTPStatus(status))
 
 
+PAGE = Path(__file__).with_name("static") / "index.html"
+
+
 async def _get_info(request: Request) -> JSONResponse:
     return JSONResponse(bentoml.get_current_service().describe())
 
 
-info_app = Starlette(routes=[Route("/info", _get_info, methods=["GET"])])
+async def _get_page(request: Request) -> FileResponse:
+    return FileResponse(PAGE, media_type="text/html")
+
+
+# GET / is a page to try the model in a browser, in place of BentoML's Swagger UI (the OpenAPI
+# document stays at /docs.json).
+info_app = Starlette(routes=[Route("/", _get_page, methods=["GET"]), Route("/info", _get_info, methods=["GET"])])
 
 
 @bentoml.asgi_app(info_app, path="/")

@@ -1,0 +1,79 @@
+"""The page at GET /, in a real headless Chromium driven by Selenium: pick a validation image, read the
+top-1 label the page shows, compare it with the eager model's. A screenshot is kept as a test artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, Server, digit_images, eager_top1, png_bytes
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+ARTIFACTS = ROOT / "tests" / "artifacts"
+
+
+def ensure_chromium() -> None:
+    """Install Debian's chromium and chromium-driver when missing (CI runs as root), else skip saying why."""
+    if Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists():
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("needs Debian's chromium and chromium-driver: apt-get install chromium chromium-driver")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"]):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            pytest.skip(f"could not install chromium ({' '.join(cmd)}): {done.stderr.strip()[-300:]}")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    ensure_chromium()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    # Offline machine: keep Chromium from reaching out at start (its connections are refused here).
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1000,800"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def test_page_classifies_an_uploaded_image_like_the_eager_model(browser, exported, eager, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    image = digit_images(8)[0][7].resize((96, 96))  # a validation digit; the service resizes as in training
+    upload = tmp_path / "digit.png"
+    upload.write_bytes(png_bytes(image))
+    classes = json.loads((exported / "manifest.json").read_text())["classes"]
+    expected = classes[eager_top1(eager, [image])[0]]
+
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported)) as srv:
+        srv.wait_ready()
+        browser.get(srv.url + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda d: d.find_element(By.ID, "model").get_attribute("data-ready") == "true")
+        model_line = browser.find_element(By.ID, "model").text
+        browser.find_element(By.ID, "file").send_keys(str(upload))
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") in ("done", "error"))
+        assert browser.find_element(By.ID, "error").text == ""
+        rows = browser.find_elements(By.CSS_SELECTOR, "tr.prediction")
+        shown = [row.find_element(By.CLASS_NAME, "label").text for row in rows]
+        ARTIFACTS.mkdir(exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / "try_page.png"))
+        wait.until(ready.visibility_of_element_located((By.ID, "preview")))
+
+    assert "resnet18" in model_line and "onnx" in model_line and "cpu" in model_line, model_line
+    assert len(shown) == 5
+    assert shown[0] == expected, f"page shows {shown}, eager top-1 is {expected}"
