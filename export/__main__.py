@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import logging
 import os
 import shutil
@@ -50,30 +49,35 @@ def get_args_parser() -> argparse.ArgumentParser:
         epilog="examples:\n" + __doc__.split("\n\n")[1] + "\n\n" + __doc__.split("\n\n")[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("checkpoint", type=Path, help="a .pt/.pth/.pth.tar/.ckpt/.safetensors file")
-    p.add_argument("--out", type=Path, default=None, help="export folder (default: beside the checkpoint, "
-                   "<checkpoint name>.export)")
-    p.add_argument("--arch", default=None, help="torchvision architecture, when the checkpoint does not name one")
-    p.add_argument("--model", default=None, help="module:factory that builds your own nn.Module "
-                   "(called with num_classes= when it takes it)")
-    p.add_argument("--image-size", type=int, default=None, help="input side, when the checkpoint does not say "
-                   "(default: 224)")
-    p.add_argument("--labels", type=Path, default=None, help="class names, one per line, in index order "
-                   "(default: the checkpoint's, else 0..N-1)")
-    p.add_argument("--formats", default="onnx,torchscript,safetensors", help="comma-separated subset of "
-                   + ",".join(FORMATS) + " (default: all)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the eager reference "
-                   "runs; auto: CUDA when present (default: auto)")
-    p.add_argument("--fp16", action="store_true", help="export half-precision artifacts, checked with fp16 tolerances")
-    p.add_argument("--samples", type=Path, default=None, help="folder of real images for the parity check "
-                   "(default: the training data when the checkpoint names it, else scikit-learn's sample photos)")
-    p.add_argument("--atol", type=float, default=None, help="parity absolute tolerance (default: 1e-4, fp16 5e-2)")
-    p.add_argument("--rtol", type=float, default=None, help="parity relative tolerance (default: 1e-3, fp16 5e-2)")
-    p.add_argument("--trust-pickle", action="store_true", help="allow full unpickling; this runs code from the "
-                   "file, so only for files you trust")
-    p.add_argument("--name", default=bento.DEFAULT_NAME, help="model name in the BentoML model store "
-                   f"(default: {bento.DEFAULT_NAME})")
-    p.add_argument("--no-bento", action="store_true", help="do not register the result in the BentoML model store")
+    read = p.add_argument_group("what to read")
+    read.add_argument("checkpoint", type=Path, help="a .pt/.pth/.pth.tar/.ckpt/.safetensors file")
+    read.add_argument("--arch", default=None, help="torchvision architecture, when the checkpoint does not name one")
+    read.add_argument("--model", default=None, help="module:factory that builds your own nn.Module "
+                      "(called with num_classes= when it takes it)")
+    read.add_argument("--image-size", type=int, default=None, help="input side, when the checkpoint does not say "
+                      "(default: 224)")
+    read.add_argument("--labels", type=Path, default=None, help="class names, one per line, in index order "
+                      "(default: the checkpoint's, else 0..N-1)")
+    read.add_argument("--trust-pickle", action="store_true", help="allow full unpickling; this runs code from the "
+                      "file, so only for files you trust (default: off, weights_only=True)")
+    write = p.add_argument_group("what to write")
+    write.add_argument("--out", type=Path, default=None, help="export folder (default: beside the checkpoint, "
+                       "<checkpoint name>.export)")
+    write.add_argument("--formats", default="onnx,torchscript,safetensors", help="comma-separated subset of "
+                       + ",".join(FORMATS) + " (default: all)")
+    write.add_argument("--fp16", action="store_true", help="export half-precision artifacts, checked with fp16 "
+                       "tolerances (default: fp32)")
+    write.add_argument("--name", default=bento.DEFAULT_NAME, help="model name in the BentoML model store "
+                       f"(default: {bento.DEFAULT_NAME})")
+    write.add_argument("--no-bento", action="store_true", help="do not register the result in the BentoML model "
+                       "store (default: register)")
+    check = p.add_argument_group("parity check")
+    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the eager "
+                       "reference runs; auto: CUDA when present (default: auto)")
+    check.add_argument("--samples", type=Path, default=None, help="folder of real images for the parity check "
+                       "(default: the training data when the checkpoint names it, else scikit-learn's sample photos)")
+    check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-4, fp16 5e-2)")
+    check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: 1e-3, fp16 5e-2)")
     return p
 
 
@@ -155,10 +159,11 @@ def export(args: argparse.Namespace) -> int:
         raise
     seconds = time.monotonic() - started
     if status != EXIT_OK:
-        print(json.dumps(manifest["parity"], indent=2), file=sys.stderr)
+        print("\n".join(manifest["parity"]["summary"]), file=sys.stderr)
         print(f"export: parity FAILED; {out} is marked failed (manifest status) and was not registered", file=sys.stderr)
         return status
     tag = None if args.no_bento else bento.register(out, manifest, args.name)
+    print("\n".join(manifest["parity"]["summary"]))
     print(f"exported {spec.arch} ({spec.num_classes} classes) to {out} in {seconds:.1f}s; parity passed"
           + (f"; BentoML model {tag}" if tag else ""))
     return EXIT_OK

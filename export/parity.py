@@ -116,15 +116,30 @@ def run_parity(model: nn.Module, folder: Path, inputs: torch.Tensor, formats: li
         outputs = [run(b) for b in batches]
         max_abs, max_rel, top1, passed = _compare(np.concatenate(reference), np.concatenate(outputs), tol)
         results.append(Comparison(artifact, runtime, provider, dev, max_abs, max_rel, top1, passed))
-        log.info("parity %-22s %-22s max abs %.2e  max rel %.2e  top-1 %.1f%%  %s", artifact, provider,
+        log.debug("parity %-22s %-22s max abs %.2e  max rel %.2e  top-1 %.1f%%  %s", artifact, provider,
                  max_abs, max_rel, 100 * top1, "pass" if passed else "FAIL")
     return results
+
+
+def summary_table(results: list[Comparison], device: torch.device, fp16: bool, tol: Tolerance, num_inputs: int) -> list[str]:
+    """The parity result as a few lines a person reads at a glance (printed, and kept in the manifest)."""
+    lines = [f"parity against the eager model on {device} ({'fp16 artifacts' if fp16 else 'fp32, TF32 off'}; "
+             f"{num_inputs} inputs; pass: |diff| <= {tol.atol:g} + {tol.rtol:g} x |ref| and top-1 >= "
+             f"{100 * tol.min_top1:g}%)",
+             f"  {'artifact':<22} {'runtime / provider':<34} {'max abs':>9} {'max rel':>9} {'top-1':>7}  result"]
+    for r in results:
+        lines.append(f"  {r.artifact:<22} {r.runtime + ' / ' + r.provider:<34} {r.max_abs_error:9.2e} "
+                     f"{r.max_rel_error:9.2e} {100 * r.top1_agreement:6.1f}%  {'pass' if r.passed else 'FAIL'}")
+    if not results:
+        lines.append("  (no computing artifact: nothing to compare)")
+    return lines
 
 
 def parity_report(results: list[Comparison], device: torch.device, fp16: bool, tol: Tolerance,
                   precision: dict[str, Any], num_inputs: int, inputs_described: str) -> dict[str, Any]:
     """The manifest's `parity` block; with no computing artifact (safetensors only) there is nothing to fail."""
     return {
+        "summary": summary_table(results, device, fp16, tol, num_inputs),
         "device": str(device),
         "precision": {"policy": "fp16 artifacts vs fp32 eager" if fp16 else "fp32", **precision},
         "tolerance": asdict(tol),
