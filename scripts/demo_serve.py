@@ -69,6 +69,7 @@ def main() -> int:
           f"top-1 agreement {agree}/{len(images)}")
     print(f"single-request latency (concurrency 1): median {1000 * statistics.median(latencies):.1f} ms, "
           f"max {1000 * max(latencies):.1f} ms")
+    print(f"try it in a browser: HANDOFF_MODEL_DIR={args.export_dir} .venv/bin/bentoml serve, then open http://localhost:3000/")
     return 0 if agree == len(images) else 1
 
 
