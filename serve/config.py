@@ -29,6 +29,8 @@ class ServeConfig:
     max_batch_size: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_BATCH_SIZE", 32))
     max_latency_ms: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_LATENCY_MS", 10_000))
     """BentoML's batching budget: requests it expects to wait longer are refused with 503, so keep it generous"""
+    timeout_s: int = field(default_factory=lambda: _env_int("HANDOFF_TIMEOUT_S", 60))
+    """a request not answered by then gets 504; BentoML keeps each request's context this long (~4 KB)"""
     max_concurrency: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_CONCURRENCY", 256))
     """requests in progress at once; more are answered 429 at once instead of queueing into timeouts"""
     max_body_bytes: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_BODY_MB", 20) * 1024 * 1024)
@@ -38,6 +40,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.max_batch_size < 2:
             raise ValueError(f"HANDOFF_MAX_BATCH_SIZE={self.max_batch_size}: must be at least 2")
+        if self.timeout_s < 1:
+            raise ValueError(f"HANDOFF_TIMEOUT_S={self.timeout_s}: must be at least 1")
         if self.max_concurrency < 1:
             raise ValueError(f"HANDOFF_MAX_CONCURRENCY={self.max_concurrency}: must be at least 1")
 

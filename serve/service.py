@@ -4,7 +4,8 @@ From the repo root (bentofile.yaml names this class):
     HANDOFF_MODEL_DIR=runs/demo/last.export bentoml serve        # an export folder
     bentoml serve                                                # the newest `handoff` model in the store
 Settings (environment): HANDOFF_RUNTIME=onnx|torchscript, HANDOFF_DEVICE=auto|cpu|cuda,
-HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATENCY_MS, HANDOFF_MAX_BODY_MB, HANDOFF_MAX_PIXELS.
+HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATENCY_MS, HANDOFF_MAX_CONCURRENCY, HANDOFF_TIMEOUT_S,
+HANDOFF_MAX_BODY_MB, HANDOFF_MAX_PIXELS (serve/config.py).
 
 Decoding and preprocessing run in worker threads outside the batched call; only validated tensors
 reach the batcher (serve/batching.py: BentoML's adaptive dispatcher), so a bad request can never fail
@@ -64,7 +65,7 @@ info_app = Starlette(routes=[Route("/", _get_page, methods=["GET"]), Route("/inf
 
 
 @bentoml.asgi_app(info_app, path="/")
-@bentoml.service(name="handoff", traffic={"timeout": 60, "max_concurrency": CONFIG.max_concurrency})
+@bentoml.service(name="handoff", traffic={"timeout": CONFIG.timeout_s, "max_concurrency": CONFIG.max_concurrency})
 class HandoffClassifier:
     # Referenced at class level so `bentoml build` packs the model; not used when HANDOFF_MODEL_DIR is set.
     bento_model = None if CONFIG.model_dir else bentoml.models.BentoModel(f"{CONFIG.model_name}:latest")
