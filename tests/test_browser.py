@@ -74,6 +74,15 @@ def test_page_classifies_an_uploaded_image_like_the_eager_model(browser, exporte
         browser.save_screenshot(str(ARTIFACTS / "try_page.png"))
         wait.until(ready.visibility_of_element_located((By.ID, "preview")))
 
+        # A file that is not an image: the page shows the service's 4xx message instead of predictions.
+        junk = tmp_path / "notes.jpg"
+        junk.write_bytes(b"just some text, not a picture\n" * 10)
+        browser.find_element(By.ID, "file").send_keys(str(junk))
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "error")
+        error_shown = browser.find_element(By.ID, "error").text
+        assert not browser.find_elements(By.CSS_SELECTOR, "tr.prediction")
+
     assert "resnet18" in model_line and "onnx" in model_line and "cpu" in model_line, model_line
     assert len(shown) == 5
     assert shown[0] == expected, f"page shows {shown}, eager top-1 is {expected}"
+    assert "not an image" in error_shown, error_shown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import torch
 import pytest
 
 from conftest import (
+    ROOT,
     assert_same_tensors, free_port, load, run, start, torchrun_cmd, wait_for, TRAIN,
 )
 from train.checkpoint import FORMAT, META_KEYS, REQUIRED_KEYS
@@ -51,6 +53,17 @@ def test_two_processes_learn_the_digits(reference: Path):
     assert final >= MIN_VAL_ACC1, f"val acc1 {final:.2f}% after {EPOCHS} epochs"
     assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"])
     assert (reference / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_readme_snippet_loads_best_into_a_bare_model(reference: Path):
+    """The README's answer to "how do I load a DDP checkpoint into a bare model" runs as written."""
+    readme = (ROOT / "README.md").read_text()
+    snippet = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "torch.load(" in block)
+    namespace: dict = {}
+    exec(snippet.replace("runs/demo/best.pt", str(reference / "best.pt")), namespace)  # noqa: S102 - our README
+    model = namespace["model"]
+    assert not isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    assert all(not key.startswith("module.") for key in model.state_dict())
 
 
 def test_checkpoint_contract(reference: Path):
