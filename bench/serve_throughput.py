@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
 from serve.preprocess import Preprocessor  # noqa: E402
+from export.ort_cuda import preload_cuda_libraries  # noqa: E402
 from serve.process import BentoServer  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
@@ -74,6 +75,8 @@ def measure_limit(folder: Path, jpegs: list[bytes], device: str, seconds: float 
     manifest = json.loads((folder / "manifest.json").read_text())
     pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    if device == "cuda":
+        preload_cuda_libraries()
     session = ort.InferenceSession(str(folder / "model.onnx"), providers=providers)
 
     def one_batch(batch: list[bytes]) -> None:

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from export.manifest import ONNX, TORCHSCRIPT
+from export.ort_cuda import preload_cuda_libraries
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ def _onnx_session(path: Path, provider: str, device_index: int) -> Any:
     options.log_severity_level = 3
     providers: list[Any] = ["CPUExecutionProvider"]
     if provider == "CUDAExecutionProvider":
+        preload_cuda_libraries()
         providers = [("CUDAExecutionProvider", {"device_id": device_index, "use_tf32": 0}), "CPUExecutionProvider"]
     session = ort.InferenceSession(str(path), options, providers=providers)
     active = session.get_providers()[0]

@@ -28,6 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from export.ort_cuda import preload_cuda_libraries  # noqa: E402
 from serve.process import BentoServer  # noqa: E402
 
 
@@ -172,6 +173,7 @@ def tensorrt(out: Path, folder: str) -> dict[str, Any]:
     import numpy as np
     import onnxruntime as ort
 
+    preload_cuda_libraries()
     available = ort.get_available_providers()
     if "TensorrtExecutionProvider" not in available:
         return {"loaded": False, "why": f"this onnxruntime build has no TensorRT provider (it has {available})"}

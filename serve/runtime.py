@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from export.manifest import ONNX, TORCHSCRIPT
+from export.ort_cuda import gpu_present, preload_cuda_libraries
 
 log = logging.getLogger("bentoml.handoff.runtime")
 
@@ -47,6 +48,8 @@ class OnnxRuntime:
         # between batches; measured with bench/serve_throughput.py (see BENCHMARKS.md).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         wanted: list[Any] = []
+        if device == "cuda" or (device == "auto" and gpu_present()):
+            preload_cuda_libraries()
         if device in ("auto", "cuda"):
             if os.environ.get("HANDOFF_TENSORRT") == "1":
                 cache = os.environ.get("HANDOFF_TRT_CACHE", str(folder / ".trt-cache"))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -206,6 +208,22 @@ def test_runtime_and_device_are_used_and_reported(env, expected, exported, tmp_p
         info = httpx.get(f"{srv.url}/info", timeout=10).json()
         assert {k: info[k] for k in expected} == expected
         assert classify(srv.url, png_bytes(digit_images(1)[0][0])).status_code == 200
+
+
+def test_cuda_provider_finds_the_pip_installed_cuda_libraries(exported):
+    """Without a GPU the CUDA provider cannot start, but how far it gets shows whether ONNX Runtime found
+    the CUDA libraries that pip installed: after preloading, only the driver (libcuda) may be missing."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the provider is tested for real")
+    if importlib.util.find_spec("nvidia") is None:
+        pytest.skip("no pip-installed CUDA libraries (nvidia-* wheels) in this environment")
+    script = ("import onnxruntime as ort; from export.ort_cuda import preload_cuda_libraries; "
+              "preload_cuda_libraries(); "
+              f"ort.InferenceSession({str(exported / 'model.onnx')!r}, providers=['CUDAExecutionProvider'])")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    failure = re.search(r"Failed to load library .*? with error: (\S+)", result.stderr)
+    assert failure, result.stderr[-2000:]
+    assert failure.group(1).startswith("libcuda.so"), f"missing {failure.group(1)}: only the driver should be"
 
 
 @pytest.mark.parametrize("fault", ["tampered", "cuda-without-gpu"])
