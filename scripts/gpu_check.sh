@@ -35,11 +35,12 @@ if [ "$dry_run" = 0 ] && [ -d .gpu_wheels ]; then
   if [ ! -x .gpu_venv/bin/python ]; then
     python3 -m venv --system-site-packages .gpu_venv
     .gpu_venv/bin/pip install --quiet --no-index --find-links .gpu_wheels -r .gpu_wheels/requirements.txt
-    .gpu_venv/bin/pip install --quiet --no-index --no-deps --no-build-isolation -e .
   fi
   python=.gpu_venv/bin/python
 fi
 
+# The project runs from this checkout (no install needed): train/main.py and bentoml find its packages here.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "gpu_check: results in $out (python: $python)"
 "$python" scripts/gpu_check.py --out "$out" "${extra[@]}" 2>&1 | tee "$out/gpu_check.log"
 exit "${PIPESTATUS[0]}"
