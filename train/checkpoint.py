@@ -3,12 +3,14 @@
 What a checkpoint holds is defined here once; export imports `FORMAT`, `load` and the key names.
 
 Guarantees:
-- only global rank 0 writes; every other rank waits at a barrier;
+- only global rank 0 writes; every other rank waits for its word, and a failed write (full disk,
+  read-only folder) stops every rank with the same one-line reason;
 - each file is written to a temporary name in the same folder, flushed, fsynced and `os.replace`d, so
   `last.pt` is always a complete checkpoint, whatever moment the process dies at;
 - `last.pt` and `best.pt` are hard links to the epoch file when possible (no second write of the bytes);
 - older epoch files are pruned only after the new one is safely in place;
-- everything loads with `torch.load(..., weights_only=True)`: tensors, containers and plain scalars.
+- everything loads with `torch.load(..., weights_only=True)`: tensors, containers and plain scalars;
+- reading checks the zip container's CRC-32s first, so a corrupted file is refused, never loaded wrong.
 """
 
 from __future__ import annotations
