@@ -197,6 +197,11 @@ def test_bad_arguments_fail_with_one_clear_line(tmp_path: Path):
     result = run([torchrun_cmd(1)[0], TRAIN, "--resume", str(bogus), "--out", str(tmp_path / "y")])
     assert result.returncode == 2
     assert "not a readable checkpoint" in result.stderr and "Traceback" not in result.stderr
+    # Each error names the flag to change.
+    for flag, value in (("--batch-size", "0"), ("--workers", "-1"), ("--epochs", "0"), ("--image-size", "4")):
+        result = run([torchrun_cmd(1)[0], TRAIN, flag, value, "--out", str(tmp_path / "z")])
+        errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+        assert result.returncode == 2 and len(errors) == 1 and f"{flag}={value}" in errors[0], result.stderr[-1000:]
 
 
 def test_bf16_autocast_trains_and_checkpoints(tmp_path: Path):

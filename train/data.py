@@ -133,8 +133,14 @@ class DataConfig:
     resize: int | None = None  # eval resize before the center crop; None: image_size (digits) or image_size/0.875
     min_scale: float | None = None  # RandomResizedCrop lower scale; None: 0.5 (digits) or 0.08 (ImageFolder)
     hflip: float | None = None  # horizontal flip probability; None: 0 (digits are not symmetric) or 0.5
+    batch_size: int = 32  # images per process per step
+    workers: int = 2  # DataLoader worker processes per rank; 0 loads in the training process
 
     def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size={self.batch_size}: must be at least 1")
+        if self.workers < 0:
+            raise ValueError(f"--workers={self.workers}: must be 0 (load in the training process) or more")
         if self.image_size < 8:
             raise ValueError(f"--image-size={self.image_size}: use at least 8 pixels")
         if self.data is not None:
@@ -176,8 +182,9 @@ def build_datasets(cfg: DataConfig, seed: int) -> Datasets:
 
 
 def build_loaders(
-    ds: Datasets, batch_size: int, workers: int, rank: int, world_size: int, seed: int, pin_memory: bool
+    ds: Datasets, cfg: DataConfig, rank: int, world_size: int, seed: int, pin_memory: bool
 ) -> tuple[DataLoader, ResumableDistributedSampler, DataLoader]:
+    batch_size, workers = cfg.batch_size, cfg.workers
     if len(ds.train) < batch_size * world_size:
         raise ValueError(
             f"the training set has {len(ds.train)} images, fewer than one step needs "

@@ -165,8 +165,9 @@ def main(args: argparse.Namespace) -> int:
 def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     check_arch(args.arch)
     stop = StopRequest()
+    data_cfg = DataConfig(data=args.data, image_size=args.image_size, resize=args.resize,
+                          batch_size=args.batch_size, workers=args.workers)
     lr = args.lr if args.lr is not None else 0.1 * args.batch_size * info.world_size / 256
-    data_cfg = DataConfig(data=args.data, image_size=args.image_size, resize=args.resize)
     optim_cfg = OptimConfig(epochs=args.epochs, lr=lr, momentum=args.momentum, weight_decay=args.weight_decay,
                             schedule=args.schedule, step_size=args.step_size, gamma=args.gamma)
     ckpt_cfg = CheckpointConfig(folder=args.out, keep_last=args.keep_last)
@@ -175,7 +176,7 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     ds = build_datasets(data_cfg, args.seed)
     train_loader, sampler, val_loader = build_loaders(
-        ds, args.batch_size, args.workers, info.rank, info.world_size, args.seed, info.device.type == "cuda")
+        ds, data_cfg, info.rank, info.world_size, args.seed, info.device.type == "cuda")
     model = build_model(args.arch, len(ds.classes), args.image_size).to(info.device)
     optimizer = build_optimizer(model, optim_cfg)
     scheduler = build_scheduler(optimizer, optim_cfg)
