@@ -97,6 +97,22 @@ def _formats(value: str) -> list[str]:
     return formats
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    if args.image_size is not None and args.image_size < 8:
+        raise ValueError(f"--image-size={args.image_size}: use at least 8 pixels")
+    for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
+        if value is not None and value < 0:
+            raise ValueError(f"{flag}={value}: a tolerance is 0 or more")
+
+
+def _labels(path: Path | None) -> list[str] | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        raise ValueError(f"--labels={path}: no such file (one class name per line, in index order)")
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
 def _versions() -> dict[str, str]:
     import onnx
     import onnxruntime
@@ -117,10 +133,9 @@ def export(args: argparse.Namespace) -> int:
     started = time.monotonic()
     timings: dict[str, float] = {}
     formats = _formats(args.formats)
+    _check_numbers(args)
     device = _device(args.device)
-    labels = args.labels.read_text().split("\n") if args.labels else None
-    if labels is not None:
-        labels = [line.strip() for line in labels if line.strip()]
+    labels = _labels(args.labels)
     with _timed(timings, "load"):
         src = read_source(args.checkpoint, trust_pickle=args.trust_pickle)
         spec = resolve_model(src, args.arch, args.model, args.image_size, labels)

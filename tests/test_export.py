@@ -229,6 +229,8 @@ def test_usage_errors(checkpoints, tmp_path: Path):
     assert_one_line_error(export_cli(bare, "--no-bento"), "does not name its architecture", "--arch")
     assert_one_line_error(export_cli(bare, "--arch", "resnet19", "--no-bento"), "not a torchvision classifier")
     assert_one_line_error(export_cli(bare, "--arch", fx.ARCH, "--formats", "tflite", "--no-bento"), "--formats")
+    for flag, value in (("--image-size", "0"), ("--atol", "-1"), ("--labels", str(tmp_path / "missing.txt"))):
+        assert_one_line_error(export_cli(bare, "--arch", fx.ARCH, flag, value, "--no-bento"), flag)
     if not torch.cuda.is_available():
         assert_one_line_error(export_cli(bare, "--arch", fx.ARCH, "--device", "cuda", "--no-bento"), "no CUDA")
 
