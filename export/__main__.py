@@ -36,6 +36,7 @@ from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_prec
 from export.sources import read_source
 from export.unwrap import LoadMismatch, strict_load
 from train.checkpoint import CheckpointError
+from train.data import check_image_size
 
 log = logging.getLogger("export")
 
@@ -98,8 +99,8 @@ def _formats(value: str) -> list[str]:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    if args.image_size is not None and args.image_size < 8:
-        raise ValueError(f"--image-size={args.image_size}: use at least 8 pixels")
+    if args.image_size is not None:
+        check_image_size(args.image_size)
     for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
         if value is not None and value < 0:
             raise ValueError(f"{flag}={value}: a tolerance is 0 or more")

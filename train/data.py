@@ -124,6 +124,12 @@ def _ignore_sigterm(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def check_image_size(size: int) -> None:
+    """The --image-size rule, shared by the trainer and the exporter."""
+    if size < 8:
+        raise ValueError(f"--image-size={size}: use at least 8 pixels")
+
+
 @dataclass
 class DataConfig:
     """Where the images come from and how they are shaped."""
@@ -141,8 +147,7 @@ class DataConfig:
             raise ValueError(f"--batch-size={self.batch_size}: must be at least 1")
         if self.workers < 0:
             raise ValueError(f"--workers={self.workers}: must be 0 (load in the training process) or more")
-        if self.image_size < 8:
-            raise ValueError(f"--image-size={self.image_size}: use at least 8 pixels")
+        check_image_size(self.image_size)
         if self.data is not None:
             for split in ("train", "val"):
                 if not (Path(self.data) / split).is_dir():

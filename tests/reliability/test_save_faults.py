@@ -3,7 +3,6 @@ checkpoint untouched. The faults are real: a small tmpfs filled up, a tmpfs moun
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import load, run, torchrun_cmd
+from export.manifest import sha256_file
 
 FAST = ("--batch-size", "32", "--seed", "1", "--workers", "0", "--keep-last", "1")
 
@@ -28,10 +28,6 @@ def small_disk(tmp_path: Path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def fill(disk: Path, leave_bytes: int) -> None:
     free = shutil.disk_usage(disk).free
     with open(disk / "filler", "wb") as f:
@@ -45,7 +41,7 @@ def test_full_disk_at_save_stops_with_one_line_and_keeps_last(small_disk: Path, 
     extra = ("--async-save",) if mode == "async" else ()
     first = run(torchrun_cmd(2, "--epochs", "1", "--out", str(out), *FAST, *extra))
     assert first.returncode == 0, first.stderr[-2000:]
-    before = sha256(out / "last.pt")
+    before = sha256_file(out / "last.pt")
 
     fill(small_disk, leave_bytes=30 << 20)  # the next checkpoint needs ~90 MB
     second = run(torchrun_cmd(2, "--epochs", "3", "--out", str(out), *FAST, *extra), timeout=300)
@@ -57,7 +53,7 @@ def test_full_disk_at_save_stops_with_one_line_and_keeps_last(small_disk: Path, 
     assert "No space left on device (ENOSPC)" in errors[0] and "last.pt is untouched" in errors[0]
     assert "[rank1] ERROR rank 0: cannot save" in second.stderr, "the other rank stops with the same reason"
     assert "]: Traceback" not in second.stderr, "no worker traceback (torchrun prefixes them with [rankN]:)"
-    assert sha256(out / "last.pt") == before and load(out / "last.pt")["epoch"] == 1
+    assert sha256_file(out / "last.pt") == before and load(out / "last.pt")["epoch"] == 1
     assert not list(out.glob(".*.tmp.*")), "the partial temporary is removed"
 
     (small_disk / "filler").unlink()  # room again: the same command resumes and finishes
