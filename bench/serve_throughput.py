@@ -34,10 +34,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
 from serve.preprocess import Preprocessor  # noqa: E402
-from export.ort_cuda import preload_cuda_libraries  # noqa: E402
+from serve.runtime import onnx_providers  # noqa: E402
 from serve.process import BentoServer  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
+
+
+EXPECTED_PROVIDER = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def assert_provider(side: str, providers: list[str], device: str) -> None:
+    """A silent CPU fallback must not pass for a GPU figure: every side runs where it was asked to."""
+    if providers[0] != EXPECTED_PROVIDER[device]:
+        raise SystemExit(f"{side}: ONNX Runtime runs on {providers[0]}, not {EXPECTED_PROVIDER[device]}; "
+                         "the comparison would not be like with like")
 
 
 def make_model(folder: Path) -> Path:
@@ -74,10 +84,8 @@ def measure_limit(folder: Path, jpegs: list[bytes], device: str, seconds: float 
 
     manifest = json.loads((folder / "manifest.json").read_text())
     pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-    if device == "cuda":
-        preload_cuda_libraries()
-    session = ort.InferenceSession(str(folder / "model.onnx"), providers=providers)
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=onnx_providers(device))
+    assert_provider("limit", session.get_providers(), device)
 
     def one_batch(batch: list[bytes]) -> None:
         x = np.stack([pre(pre.decode(data)) for data in batch])
@@ -149,10 +157,12 @@ def main() -> int:
           f"{limit['single_image_ms']:.1f} ms; by batch size {({k: round(v, 1) for k, v in limit['by_batch_size'].items()})}")
     services = {}
     with BentoServer(work / "peer.log", target="service:PeerClassifier", cwd=ROOT / "bench" / "peer",
-                     PEER_MODEL_DIR=str(folder)) as peer:
+                     PEER_MODEL_DIR=str(folder), PEER_DEVICE=args.device) as peer:
         services["peer"] = run_service(peer, jpegs, args.requests, args.rounds)
+        assert_provider("peer", [httpx.post(f"{peer.url}/provider", json={}, timeout=10).json()["provider"]], args.device)
     with BentoServer(work / "ours.log", HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=args.device) as ours:
         services["ours"] = run_service(ours, jpegs, args.requests, args.rounds)
+        assert_provider("ours", [httpx.get(f"{ours.url}/info", timeout=10).json()["provider"]], args.device)
 
     ratios = {}
     print(f"launch to /readyz 200: peer {services['peer']['ready_s']:.1f} s, ours {services['ours']['ready_s']:.1f} s "

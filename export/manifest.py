@@ -5,8 +5,11 @@ Plain Python and JSON on purpose: the serving path imports this module and must 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -59,29 +62,57 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        raise ManifestError(f"{path}: no manifest; is this an export folder written by `python -m export`?")
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of `path`, refusing a symlink (O_NOFOLLOW) or anything but a regular file."""
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise ManifestError(f"{path.name}: missing") from None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ManifestError(f"{path.name}: is a symbolic link; an export folder holds its own files") from None
+        raise ManifestError(f"{path.name}: cannot be read ({err.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ManifestError(f"{path.name}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def read_manifest(folder: Path, expected_sha256: str | None = None) -> dict[str, Any]:
+    """The manifest of a passed export; `expected_sha256` pins the manifest file's own bytes."""
+    path = Path(folder) / MANIFEST
+    if not path.exists() and not path.is_symlink():
+        raise ManifestError(f"{path}: no manifest; is this an export folder written by `python -m export`?")
+    data = _read_regular_file(path)
+    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256.lower():
+        raise ManifestError(f"{MANIFEST}: sha256 {hashlib.sha256(data).hexdigest()[:12]}… is not the pinned "
+                            f"{expected_sha256[:12]}… (HANDOFF_MODEL_SHA256)")
+    try:
+        manifest = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ManifestError(f"{path}: not valid JSON ({err})") from None
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise ManifestError(f"{path}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ManifestError(f"{path}: format {found!r}, expected {MANIFEST_FORMAT!r}")
     if manifest.get("status") != "passed":
         raise ManifestError(f"{path}: export status is {manifest.get('status')!r}: parity did not pass")
     return manifest
 
 
-def verify_artifacts(folder: Path, manifest: dict[str, Any], names: list[str] | None = None) -> None:
-    """Raise ManifestError naming the first artifact whose bytes differ from the manifest's sha256."""
-    for name, expected in manifest["artifacts"].items():
-        if names is not None and name not in names:
-            continue
-        path = Path(folder) / name
-        if not path.is_file():
-            raise ManifestError(f"{path}: listed in the manifest but missing")
-        actual = sha256_file(path)
-        if actual != expected["sha256"]:
-            raise ManifestError(f"{path}: sha256 {actual[:12]}… does not match the manifest's {expected['sha256'][:12]}…")
+def read_artifact(folder: Path, manifest: dict[str, Any], name: str) -> bytes:
+    """The bytes of artifact `name`, read once and checked against the manifest's sha256.
+
+    The caller builds its runtime from these very bytes, so nothing can swap the file between the check
+    and the load. An artifact the manifest does not list is refused: a file dropped into the folder
+    later (or left by an export of other formats) is never served.
+    """
+    listed = manifest.get("artifacts") or {}
+    if name not in listed:
+        raise ManifestError(f"{name}: not listed in the manifest (this export was made without it, or the file "
+                            f"was put there afterwards); listed: {', '.join(sorted(listed)) or 'nothing'}")
+    data = _read_regular_file(Path(folder) / name)
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != listed[name]["sha256"]:
+        raise ManifestError(f"{name}: sha256 {actual[:12]}… does not match the manifest's {listed[name]['sha256'][:12]}…")
+    return data

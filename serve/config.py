@@ -1,49 +1,79 @@
-"""Service settings, read once from the environment (so `bentoml serve` needs no extra flags)."""
+"""Service settings, read once from the environment (so `bentoml serve` needs no extra flags).
+
+Each field names its environment variable once, in its metadata; `SETTINGS` lists them all, so the
+README's table, the Kubernetes manifest in deploy/ and the tests check against this one list.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, Callable
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        return default
+def _env_int(name: str, value: str) -> int:
     try:
         return int(value)
     except ValueError:
         raise ValueError(f"{name}={value!r}: expected an integer") from None
 
 
+def _setting(name: str, default: Any, parse: Callable[[str, str], Any] | None = None) -> Any:
+    """A field read from the environment variable `name`, else `default`."""
+
+    def read() -> Any:
+        value = os.environ.get(name)
+        if value is None:
+            return default
+        return parse(name, value) if parse else value
+
+    return field(default_factory=read, metadata={"env": name})
+
+
 @dataclass(frozen=True)
 class ServeConfig:
-    model_dir: str | None = field(default_factory=lambda: os.environ.get("HANDOFF_MODEL_DIR"))
+    model_dir: str | None = _setting("HANDOFF_MODEL_DIR", None)
     """An export folder; unset: the newest `model_name` model in the BentoML model store."""
-    model_name: str = field(default_factory=lambda: os.environ.get("HANDOFF_MODEL_NAME", "handoff"))
-    runtime: str = field(default_factory=lambda: os.environ.get("HANDOFF_RUNTIME", "onnx"))
+    model_name: str = _setting("HANDOFF_MODEL_NAME", "handoff")
+    model_sha256: str | None = _setting("HANDOFF_MODEL_SHA256", None)
+    """sha256 of the export's manifest.json: pins the (unsigned) manifest, and through its hashes every artifact"""
+    runtime: str = _setting("HANDOFF_RUNTIME", "onnx")
     """onnx | torchscript"""
-    device: str = field(default_factory=lambda: os.environ.get("HANDOFF_DEVICE", "auto"))
+    device: str = _setting("HANDOFF_DEVICE", "auto")
     """auto | cpu | cuda; cuda that cannot be had keeps the service not-ready"""
-    max_batch_size: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_BATCH_SIZE", 32))
-    max_latency_ms: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_LATENCY_MS", 10_000))
+    tensorrt: str | None = _setting("HANDOFF_TENSORRT", None)
+    """1: try ONNX Runtime's TensorRT provider before CUDA"""
+    tensorrt_cache: str = _setting("HANDOFF_TRT_CACHE", os.path.expanduser("~/.cache/handoff/tensorrt"))
+    """where TensorRT keeps its built engines (a folder only this service's user can write)"""
+    workers: int = _setting("HANDOFF_WORKERS", 1, _env_int)
+    """server processes per replica: 1 on a CPU host (ONNX Runtime already uses every core for each batch),
+    one per GPU on a GPU host (README, "Workers per replica")"""
+    max_batch_size: int = _setting("HANDOFF_MAX_BATCH_SIZE", 32, _env_int)
+    max_latency_ms: int = _setting("HANDOFF_MAX_LATENCY_MS", 10_000, _env_int)
     """BentoML's batching budget: requests it expects to wait longer are refused with 503, so keep it generous"""
-    timeout_s: int = field(default_factory=lambda: _env_int("HANDOFF_TIMEOUT_S", 60))
+    timeout_s: int = _setting("HANDOFF_TIMEOUT_S", 60, _env_int)
     """a request not answered by then gets 504; BentoML keeps each request's context this long (~4 KB)"""
-    max_concurrency: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_CONCURRENCY", 256))
+    max_concurrency: int = _setting("HANDOFF_MAX_CONCURRENCY", 256, _env_int)
     """requests in progress at once; more are answered 429 at once instead of queueing into timeouts"""
-    max_body_bytes: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_BODY_MB", 20) * 1024 * 1024)
-    max_pixels: int = field(default_factory=lambda: _env_int("HANDOFF_MAX_PIXELS", 40_000_000))
+    max_body_mb: int = _setting("HANDOFF_MAX_BODY_MB", 20, _env_int)
+    max_pixels: int = _setting("HANDOFF_MAX_PIXELS", 40_000_000, _env_int)
     """decompression-bomb guard: larger images are refused before decoding"""
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 2:
-            raise ValueError(f"HANDOFF_MAX_BATCH_SIZE={self.max_batch_size}: must be at least 2")
-        if self.timeout_s < 1:
-            raise ValueError(f"HANDOFF_TIMEOUT_S={self.timeout_s}: must be at least 1")
-        if self.max_concurrency < 1:
-            raise ValueError(f"HANDOFF_MAX_CONCURRENCY={self.max_concurrency}: must be at least 1")
+        for name, value, least in (("HANDOFF_MAX_BATCH_SIZE", self.max_batch_size, 2),
+                                   ("HANDOFF_TIMEOUT_S", self.timeout_s, 1),
+                                   ("HANDOFF_MAX_CONCURRENCY", self.max_concurrency, 1),
+                                   ("HANDOFF_WORKERS", self.workers, 1)):
+            if value < least:
+                raise ValueError(f"{name}={value}: must be at least {least}")
+        if self.model_sha256 is not None and len(self.model_sha256) != 64:
+            raise ValueError(f"HANDOFF_MODEL_SHA256={self.model_sha256!r}: expected 64 hex digits "
+                             "(sha256sum EXPORT/manifest.json)")
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.max_body_mb * 1024 * 1024
 
     def batch_buckets(self) -> list[int]:
         """Batch sizes warmed up before ready: powers of two up to the batcher's maximum."""
@@ -59,3 +89,6 @@ class ServeConfig:
         import bentoml
 
         return Path(bentoml.models.get(f"{self.model_name}:latest").path)
+
+
+SETTINGS: tuple[str, ...] = tuple(f.metadata["env"] for f in fields(ServeConfig))

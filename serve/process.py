@@ -25,14 +25,16 @@ def free_port() -> int:
 
 
 class BentoServer:
-    def __init__(self, log: Path, target: str | None = None, cwd: Path = ROOT, **env: str) -> None:
-        """`target` is what `bentoml serve` serves (default: the bentofile in `cwd`); `env` adds variables."""
+    def __init__(self, log: Path, target: str | None = None, cwd: Path = ROOT, bentoml: Path | None = None,
+                 **env: str) -> None:
+        """`target` is what `bentoml serve` serves (default: the bentofile in `cwd`); `bentoml` the executable
+        (default: this environment's); `env` adds variables."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.started = time.monotonic()
-        bentoml = str(Path(sys.executable).parent / "bentoml")
-        cmd = [bentoml, "serve", *([target] if target else []), "--host", "127.0.0.1", "--port", str(self.port)]
+        bentoml = bentoml or Path(sys.executable).parent / "bentoml"
+        cmd = [str(bentoml), "serve", *([target] if target else []), "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **env}, stdout=open(log, "w"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -1,12 +1,14 @@
 """Runtime backends: ONNX Runtime (default) and TorchScript (imports torch only when chosen).
 
-Both take a float array N x C x H x W and return logits N x classes. Each reports the provider and
-device it really runs on: ONNX Runtime falls back to the CPU silently when CUDA cannot start, so
-the session's providers are read back and a GPU that was asked for but not obtained is an error.
+Both take a float array N x C x H x W and return logits N x classes. Each is built from the bytes that
+were checked against the manifest (never by reopening the file), and reports the provider and device it
+really runs on: ONNX Runtime falls back to the CPU silently when CUDA cannot start, so the session's
+providers are read back and a GPU that was asked for but not obtained is an error.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from export.manifest import ONNX, TORCHSCRIPT
+from export.manifest import ONNX, ONNX_DATA, TORCHSCRIPT, read_artifact
 from export.ort_cuda import gpu_present, preload_cuda_libraries
 
 log = logging.getLogger("bentoml.handoff.runtime")
@@ -36,10 +38,26 @@ class Runtime(Protocol):
     def __call__(self, batch: np.ndarray) -> np.ndarray: ...
 
 
+def onnx_providers(device: str, tensorrt_cache: str | None = None) -> list[Any]:
+    """ONNX Runtime's execution providers for `device`, in order of preference, with the settings the service
+    uses (TF32 off, so results match the fp32 parity check). The benchmarks build their sessions with this
+    too, so every side of a comparison runs on the same provider with the same settings."""
+    wanted: list[Any] = []
+    if device == "cuda" or (device == "auto" and gpu_present()):
+        preload_cuda_libraries()
+        if tensorrt_cache is not None:
+            wanted.append(("TensorrtExecutionProvider", {"trt_engine_cache_enable": True,
+                                                         "trt_engine_cache_path": tensorrt_cache}))
+        wanted.append(("CUDAExecutionProvider", {"use_tf32": 0}))
+    wanted.append("CPUExecutionProvider")
+    return wanted
+
+
 class OnnxRuntime:
     name = "onnx"
 
-    def __init__(self, folder: Path, device: str, dtype: str) -> None:
+    def __init__(self, model: bytes, external_data: bytes | None, device: str, dtype: str,
+                 tensorrt_cache: str | None = None) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -47,17 +65,12 @@ class OnnxRuntime:
         # ONNX Runtime's idle intra-op threads spin by default, taking the cores the image decoders need
         # between batches; measured with bench/serve_throughput.py (see BENCHMARKS.md).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        wanted: list[Any] = []
-        if device == "cuda" or (device == "auto" and gpu_present()):
-            preload_cuda_libraries()
-        if device in ("auto", "cuda"):
-            if os.environ.get("HANDOFF_TENSORRT") == "1":
-                cache = os.environ.get("HANDOFF_TRT_CACHE", str(folder / ".trt-cache"))
-                wanted.append(("TensorrtExecutionProvider", {"trt_engine_cache_enable": True,
-                                                             "trt_engine_cache_path": cache}))
-            wanted.append(("CUDAExecutionProvider", {"use_tf32": 0}))
-        wanted.append("CPUExecutionProvider")
-        self.session = ort.InferenceSession(str(folder / RUNTIME_ARTIFACTS[self.name]), options, providers=wanted)
+        if external_data is not None:  # weights beside the graph, handed over from memory like the graph
+            options.add_external_initializers_from_files_in_memory([ONNX_DATA], [external_data], [len(external_data)])
+        try:
+            self.session = ort.InferenceSession(model, options, providers=onnx_providers(device, tensorrt_cache))
+        except Exception as err:  # noqa: BLE001 - ONNX Runtime's own exception types (InvalidProtobuf, Fail...)
+            raise RuntimeUnavailable(f"{ONNX}: ONNX Runtime cannot load it ({_first_line(err)})") from None
         self.provider = self.session.get_providers()[0]
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
         if device == "cuda" and self.device != "cuda":
@@ -74,15 +87,22 @@ class OnnxRuntime:
 class TorchScriptRuntime:
     name = "torchscript"
 
-    def __init__(self, folder: Path, device: str, dtype: str) -> None:
-        import torch
+    def __init__(self, model: bytes, device: str, dtype: str) -> None:
+        try:
+            import torch
+        except ImportError:
+            raise RuntimeUnavailable("HANDOFF_RUNTIME=torchscript needs torch, which this environment does not have "
+                                     "(a Bento serves ONNX without it); use HANDOFF_RUNTIME=onnx") from None
 
         has_cuda = torch.cuda.is_available()
         if device == "cuda" and not has_cuda:
             raise RuntimeUnavailable("HANDOFF_DEVICE=cuda but torch sees no CUDA device")
         self.torch = torch
         self.torch_device = torch.device("cuda" if device in ("auto", "cuda") and has_cuda else "cpu")
-        self.module = torch.jit.load(str(folder / RUNTIME_ARTIFACTS[self.name]), map_location=self.torch_device).eval()
+        try:
+            self.module = torch.jit.load(io.BytesIO(model), map_location=self.torch_device).eval()
+        except RuntimeError as err:
+            raise RuntimeUnavailable(f"{TORCHSCRIPT}: torch cannot load it ({_first_line(err)})") from None
         self.provider, self.device = "torch", self.torch_device.type
         self.dtype = torch.float16 if dtype == "float16" else torch.float32
 
@@ -92,12 +112,28 @@ class TorchScriptRuntime:
             return self.module(inputs).float().cpu().numpy()
 
 
-def load_runtime(kind: str, folder: Path, device: str, dtype: str) -> Runtime:
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[-1] if text else type(err).__name__)[:200]
+
+
+def load_runtime(kind: str, folder: Path, manifest: dict[str, Any], device: str,
+                 tensorrt_cache: str | None = None) -> Runtime:
+    """The runtime `kind` on `device`, built from the manifest-verified bytes of its artifact;
+    `tensorrt_cache` set: ONNX Runtime tries TensorRT first, keeping its engines there."""
     if kind not in RUNTIMES:
         raise RuntimeUnavailable(f"HANDOFF_RUNTIME={kind!r}: choose one of {', '.join(RUNTIMES)}")
     if device not in DEVICES:
         raise RuntimeUnavailable(f"HANDOFF_DEVICE={device!r}: choose one of {', '.join(DEVICES)}")
-    runtime: Runtime = (OnnxRuntime if kind == "onnx" else TorchScriptRuntime)(folder, device, dtype)
+    model = read_artifact(folder, manifest, RUNTIME_ARTIFACTS[kind])
+    dtype = manifest["input"]["dtype"]
+    runtime: Runtime
+    if kind == "onnx":
+        external = (manifest.get("onnx") or {}).get("external_data")
+        runtime = OnnxRuntime(model, read_artifact(folder, manifest, ONNX_DATA) if external else None, device, dtype,
+                              tensorrt_cache)
+    else:
+        runtime = TorchScriptRuntime(model, device, dtype)
     log.info("runtime %s on %s (%s)", runtime.name, runtime.device, runtime.provider)
     return runtime
 

@@ -3,9 +3,8 @@
 From the repo root (bentofile.yaml names this class):
     HANDOFF_MODEL_DIR=runs/demo/last.export bentoml serve        # an export folder
     bentoml serve                                                # the newest `handoff` model in the store
-Settings (environment): HANDOFF_RUNTIME=onnx|torchscript, HANDOFF_DEVICE=auto|cpu|cuda,
-HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATENCY_MS, HANDOFF_MAX_CONCURRENCY, HANDOFF_TIMEOUT_S,
-HANDOFF_MAX_BODY_MB, HANDOFF_MAX_PIXELS (serve/config.py).
+Settings (environment, all in serve/config.py): HANDOFF_RUNTIME=onnx|torchscript, HANDOFF_DEVICE=auto|cpu|cuda,
+HANDOFF_WORKERS, HANDOFF_MODEL_SHA256, HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATENCY_MS, ...
 
 Decoding and preprocessing run in worker threads outside the batched call; only validated tensors
 reach the batcher (serve/batching.py: BentoML's adaptive dispatcher), so a bad request can never fail
@@ -29,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
-from export.manifest import ONNX, ONNX_DATA, ManifestError, read_manifest, verify_artifacts
+from export.manifest import ManifestError, read_manifest
 from serve.batching import ModelBatcher
 from serve.config import ServeConfig
 from serve.limits import RequestLimits
@@ -65,7 +64,8 @@ info_app = Starlette(routes=[Route("/", _get_page, methods=["GET"]), Route("/inf
 
 
 @bentoml.asgi_app(info_app, path="/")
-@bentoml.service(name="handoff", traffic={"timeout": CONFIG.timeout_s, "max_concurrency": CONFIG.max_concurrency})
+@bentoml.service(name="handoff", workers=CONFIG.workers,
+                 traffic={"timeout": CONFIG.timeout_s, "max_concurrency": CONFIG.max_concurrency})
 class HandoffClassifier:
     # Referenced at class level so `bentoml build` packs the model; not used when HANDOFF_MODEL_DIR is set.
     bento_model = None if CONFIG.model_dir else bentoml.models.BentoModel(f"{CONFIG.model_name}:latest")
@@ -80,15 +80,20 @@ class HandoffClassifier:
             self.not_ready = str(err)
             log.error("not ready: %s", err)
             return
+        except Exception as err:  # noqa: BLE001 - stay up and say why rather than crash-loop the worker
+            self.not_ready = f"cannot load the model: {type(err).__name__}: {err}"
+            log.exception("not ready")
+            return
         log.info("ready in %.1fs: %s on %s (%s), warm for batch sizes %s", time.monotonic() - started,
                  self.manifest["arch"], self.runtime.device, self.runtime.provider, CONFIG.batch_buckets())
 
     def _load(self) -> None:
         self.folder = CONFIG.locate_model()
-        self.manifest = read_manifest(self.folder)
-        self.runtime_artifact = RUNTIME_ARTIFACTS.get(CONFIG.runtime, ONNX)
-        verify_artifacts(self.folder, self.manifest, [self.runtime_artifact, ONNX_DATA])  # never serve a tampered file
-        self.runtime = load_runtime(CONFIG.runtime, self.folder, CONFIG.device, self.manifest["input"]["dtype"])
+        self.manifest = read_manifest(self.folder, CONFIG.model_sha256)
+        # Served only from bytes checked against the manifest: a tampered, missing or unlisted file is refused.
+        self.runtime = load_runtime(CONFIG.runtime, self.folder, self.manifest, CONFIG.device,
+                                    CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None)
+        self.runtime_artifact = RUNTIME_ARTIFACTS[CONFIG.runtime]
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
         self.classes = self.manifest["classes"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -112,6 +113,18 @@ def png_bytes(image: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
 def digit_images(count: int) -> tuple[list[Image.Image], list[int]]:
     _, (x_val, y_val) = digits_split()
     return [Image.fromarray(img).convert("RGB") for img in x_val[:count]], [int(y) for y in y_val[:count]]
+
+
+def missing_cuda_library(python: Path, onnx_model: Path, cwd: Path) -> str:
+    """The library ONNX Runtime's CUDA provider fails on in `python`'s environment, after preloading the
+    pip-installed CUDA libraries (the service's own preload). On a machine without a GPU, a complete
+    environment lacks only the driver, libcuda.so.1."""
+    script = ("import onnxruntime as ort; from export.ort_cuda import preload_cuda_libraries; "
+              f"preload_cuda_libraries(); ort.InferenceSession({str(onnx_model)!r}, providers=['CUDAExecutionProvider'])")
+    result = subprocess.run([str(python), "-c", script], cwd=cwd, capture_output=True, text=True, timeout=120)
+    failure = re.search(r"Failed to load library .*? with error: (\S+?):", result.stderr)
+    assert failure, result.stderr[-2000:]
+    return failure.group(1)
 
 
 def classify(url: str, data: bytes, name: str = "image.png", field: str = "image", **params) -> httpx.Response:

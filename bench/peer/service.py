@@ -15,6 +15,10 @@ import numpy as np
 from PIL.Image import Image
 
 FOLDER = Path(os.environ["PEER_MODEL_DIR"])
+DEVICE = os.environ.get("PEER_DEVICE", "cpu")
+# The same provider and TF32 setting as the service it is compared with (TF32 off); the benchmark asks
+# POST /provider and refuses to compare when the session fell back to the CPU.
+PROVIDERS = ([("CUDAExecutionProvider", {"use_tf32": 0})] if DEVICE == "cuda" else []) + ["CPUExecutionProvider"]
 
 
 @bentoml.service(name="peer")
@@ -22,11 +26,17 @@ class PeerClassifier:
     def __init__(self) -> None:
         import onnxruntime as ort
 
-        self.session = ort.InferenceSession(str(FOLDER / "model.onnx"), providers=["CPUExecutionProvider"])
+        if DEVICE == "cuda":
+            ort.preload_dlls()
+        self.session = ort.InferenceSession(str(FOLDER / "model.onnx"), providers=PROVIDERS)
         pre = json.loads((FOLDER / "manifest.json").read_text())["preprocess"]
         self.resize, self.crop = pre["resize"], pre["crop"]
         self.mean = np.array(pre["mean"], dtype=np.float32).reshape(3, 1, 1)
         self.std = np.array(pre["std"], dtype=np.float32).reshape(3, 1, 1)
+
+    @bentoml.api(route="/provider")
+    def provider(self) -> dict:
+        return {"provider": self.session.get_providers()[0]}
 
     @bentoml.api
     def classify(self, image: Image) -> dict:

@@ -1,0 +1,138 @@
+"""The Bento is what gets deployed: export, `bentoml build`, then serve the built Bento from a fresh
+virtualenv made only from the Bento's own requirements, outside this checkout, as a GPU host would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import yaml
+
+from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_cuda_library, png_bytes
+from serve.config import SETTINGS
+from serve.preprocess import Preprocessor
+
+PROBES = {"/readyz", "/livez"}  # BentoML's own probes
+
+
+@pytest.fixture(scope="module")
+def bento(exported: Path, tmp_path_factory) -> dict:
+    """A model exported into a fresh BentoML home, built into a Bento, and a virtualenv made only from the
+    Bento's requirements."""
+    work = tmp_path_factory.mktemp("bento")
+    env = {**os.environ, "BENTOML_HOME": str(work / "home")}
+    checkpoint = json.loads((exported / "manifest.json").read_text())["source"]["checkpoint"]
+    out = work / "export"
+    done = subprocess.run([sys.executable, "-m", "export", checkpoint, "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    built = subprocess.run([str(Path(sys.executable).parent / "bentoml"), "build", "--output", "tag"], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    tag = built.stdout.strip().splitlines()[-1].removeprefix("__tag__:")
+    name, version = tag.split(":")
+    path = work / "home" / "bentos" / name / version
+    model_tag = done.stdout.strip().split("BentoML model ")[-1]
+    assert model_tag.split(":")[1] in (path / "bento.yaml").read_text(), "the model is packed into the Bento"
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "-r",
+                                str(path / "env" / "python" / "requirements.txt")],
+                               capture_output=True, text=True, timeout=900, cwd=work)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    return {"tag": tag, "path": path, "venv": venv, "home": work / "home", "export": out, "cwd": work}
+
+
+def serve_bento(bento: dict, log: Path, **env: str) -> Server:
+    """`bentoml serve TAG` run outside the checkout by the fresh environment: only what the Bento carries."""
+    assert "PYTHONPATH" not in os.environ, "the checkout must not leak into the Bento's environment"
+    return Server(log, target=bento["tag"], cwd=bento["cwd"], bentoml=bento["venv"] / "bin" / "bentoml",
+                  BENTOML_HOME=str(bento["home"]), PATH=f"{bento['venv'] / 'bin'}:{os.environ['PATH']}", **env)
+
+
+def test_the_built_bento_serves_from_a_torch_free_environment(bento, eager, tmp_path):
+    python = bento["venv"] / "bin" / "python"
+    no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, cwd=bento["cwd"])
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+    requirements = (bento["path"] / "env" / "python" / "requirements.txt").read_text()
+    assert "\ntorch==" not in requirements and "onnxruntime-gpu==" in requirements
+
+    images, _ = digit_images(20)
+    manifest = json.loads((bento["export"] / "manifest.json").read_text())
+    preprocess = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
+    session = ort.InferenceSession(str(bento["export"] / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {"input": np.stack([preprocess(img) for img in images])})[0]
+    expected = np.exp(logits - logits.max(1, keepdims=True))
+    expected /= expected.sum(1, keepdims=True)
+
+    with serve_bento(bento, tmp_path / "bento.log") as srv:
+        srv.wait_ready()
+        served_top1, served_p = [], []
+        for image in images:
+            response = classify(srv.url, png_bytes(image), top_k=1)
+            assert response.status_code == 200, response.text
+            served_top1.append(response.json()["predictions"][0]["index"])
+            served_p.append(response.json()["predictions"][0]["probability"])
+        assert served_top1 == eager_top1(eager, images) == expected.argmax(1).tolist()
+        np.testing.assert_allclose(served_p, expected.max(1), atol=1e-5)
+        info = httpx.get(f"{srv.url}/info", timeout=10).json()
+        assert info["model"]["sha256"] == manifest["artifacts"]["model.onnx"]["sha256"]
+        for path in probe_paths(load_deployment()):
+            assert srv.status(path) == 200, path
+
+
+def test_the_bento_carries_every_library_the_cuda_provider_opens(bento):
+    """Without a GPU the provider cannot start; in the Bento's environment it must get as far as the driver."""
+    missing = missing_cuda_library(bento["venv"] / "bin" / "python", bento["export"] / "model.onnx",
+                                   cwd=bento["path"] / "src")
+    assert missing == "libcuda.so.1", f"the Bento lacks {missing}: only the host's driver may be missing"
+
+
+def test_torchscript_without_torch_is_not_ready_and_says_why(bento, tmp_path):
+    with serve_bento(bento, tmp_path / "ts.log", HANDOFF_RUNTIME="torchscript") as srv:
+        srv.wait_live()
+        assert srv.status("/readyz") == 503
+        info = httpx.get(f"{srv.url}/info", timeout=10).json()
+        assert info["ready"] is False and "needs torch" in info["reason"]
+        assert srv.proc.poll() is None, "stays up instead of crash-looping"
+
+
+def load_deployment() -> list[dict]:
+    return list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes.yaml").read_text()))
+
+
+def probe_paths(documents: list[dict]) -> set[str]:
+    container = _container(documents)
+    return {container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe", "startupProbe")}
+
+
+def _container(documents: list[dict]) -> dict:
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_the_kubernetes_manifest_matches_the_service(bento):
+    documents = load_deployment()
+    container = _container(documents)
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert probe_paths(documents) <= PROBES
+    dockerfile = (bento["path"] / "env" / "docker" / "Dockerfile").read_text()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"EXPOSE {ports['http']}" in dockerfile, "the container port is the one the Bento's image serves on"
+    assert "ENV NVIDIA_DRIVER_CAPABILITIES=" in dockerfile, "the NVIDIA container toolkit mounts the driver"
+    assert "FROM python:" in dockerfile and "torch" not in dockerfile
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["port"] in ("http", ports["http"])
+    names = {e["name"] for e in container["env"]}
+    assert names <= set(SETTINGS), f"unknown settings {names - set(SETTINGS)}"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    service = next(d for d in documents if d["kind"] == "Service")
+    assert service["spec"]["selector"] == documents[0]["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] in ("http", ports["http"])
