@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -30,7 +31,8 @@ from export.architecture import resolve_model
 from export.exporters import check_eval_mode, export_onnx, export_safetensors, export_torchscript
 from export.inputs import parity_inputs
 from export.manifest import (
-    FORMATS, MANIFEST_FORMAT, ONNX, SAFETENSORS, TORCHSCRIPT, describe_artifacts, embedded_fields, write_manifest,
+    FORMATS, MANIFEST, MANIFEST_FORMAT, ONNX, SAFETENSORS, TORCHSCRIPT, ManifestError, describe_artifacts,
+    embedded_fields, is_export_folder, read_manifest, write_manifest,
 )
 from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_precision, run_parity
 from export.sources import read_source
@@ -164,11 +166,16 @@ def export(args: argparse.Namespace) -> int:
         "timings": timings,  # seconds per phase, filled in as they finish
     }
     out = args.out or args.checkpoint.parent / f"{args.checkpoint.stem}.export"
-    staging = out.parent / f".{out.name}.tmp.{os.getpid()}"
+    _check_out(out, args.checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging.mkdir()
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp.", dir=out.parent))  # an unpredictable name
+    os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the export from a service running as another user
     try:
         status = _write_and_check(model, spec, src, args, formats, device, manifest, staging)
+        if status != EXIT_OK and is_export_folder(out) and _passed(out):
+            kept, out = out, out.with_name(out.name + ".failed")  # a good export survives a failed attempt
+            log.warning("parity failed: %s keeps the previous, passing export; this attempt is in %s", kept, out)
+            _check_out(out, args.checkpoint)
         _replace_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -221,11 +228,31 @@ def _write_and_check(model, spec, src, args, formats, device, manifest, folder: 
     return EXIT_OK if manifest["parity"]["pass"] else EXIT_PARITY
 
 
+def _check_out(out: Path, checkpoint: Path) -> None:
+    """Refuse an output folder whose replacement would delete something that is not an export."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ValueError(f"--out={out}: exists and is not a folder; choose another --out")
+    resolved, source = out.resolve(), checkpoint.resolve()
+    if resolved == source or resolved in source.parents:
+        raise ValueError(f"--out={out}: holds the checkpoint being exported; choose another --out")
+    if out.exists() and any(out.iterdir()) and not is_export_folder(out):
+        raise ValueError(f"--out={out}: exists and is not an export folder (no handoff {MANIFEST}); export replaces "
+                         "only a previous export, so choose another --out or empty it yourself")
+
+
+def _passed(folder: Path) -> bool:
+    try:
+        read_manifest(folder)
+        return True
+    except ManifestError:
+        return False
+
+
 def _replace_folder(staging: Path, out: Path) -> None:
-    """Swap the finished folder in: `out` is never a half-written export."""
+    """Swap the finished folder in: `out` is never a half-written export. Only an export is replaced."""
     if out.exists():
-        old = out.parent / f".{out.name}.old.{os.getpid()}"
-        out.rename(old)
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        out.rename(old / out.name)
         staging.rename(out)
         shutil.rmtree(old)
     else:

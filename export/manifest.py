@@ -100,6 +100,15 @@ def read_manifest(folder: Path, expected_sha256: str | None = None) -> dict[str,
     return manifest
 
 
+def is_export_folder(folder: Path) -> bool:
+    """Whether `folder` holds a handoff manifest (passed or failed): the only kind of folder export replaces."""
+    try:
+        manifest = json.loads(_read_regular_file(Path(folder) / MANIFEST))
+    except (ManifestError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
+
+
 def read_artifact(folder: Path, manifest: dict[str, Any], name: str) -> bytes:
     """The bytes of artifact `name`, read once and checked against the manifest's sha256.
 

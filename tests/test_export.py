@@ -258,3 +258,27 @@ def test_big_models_store_onnx_weights_as_external_data(tmp_path: Path):
     with torch.inference_mode():
         expected = model(x).numpy()
     np.testing.assert_allclose(onnx_logits(tmp_path, x), expected, atol=1e-4, rtol=1e-3)
+
+
+def test_out_replaces_only_an_export_and_a_failed_attempt_keeps_the_good_one(checkpoints, tmp_path: Path):
+    bare = str(checkpoints["bare.pth"])
+    common = ("--arch", fx.ARCH, "--image-size", "32", "--formats", "onnx", "--no-bento")
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("not an export")
+    assert_one_line_error(export_cli(bare, *common, "--out", str(precious)), "not an export folder")
+    assert (precious / "notes.txt").read_text() == "not an export"
+    run_dir = checkpoints["bare.pth"].parent  # the checkpoint's own folder, never replaced
+    assert_one_line_error(export_cli(bare, *common, "--out", str(run_dir)), "holds the checkpoint")
+    assert checkpoints["bare.pth"].is_file()
+
+    out = tmp_path / "good"
+    assert export_cli(bare, *common, "--out", str(out)).returncode == 0
+    good = sha256_file(out / "manifest.json")
+    failed = export_cli(bare, *common, "--out", str(out), "--atol", "0", "--rtol", "0")
+    assert failed.returncode == 3
+    assert sha256_file(out / "manifest.json") == good, "the passing export survives the failed attempt"
+    assert read_manifest(tmp_path / "good.failed")["status"] == "failed"
+    assert "good.failed" in failed.stderr
+    assert export_cli(bare, *common, "--out", str(out)).returncode == 0  # an export is replaced by a new one
+    assert not list(tmp_path.glob(".good.*")), "no temporaries left"
