@@ -1,12 +1,18 @@
 """Which model the weights belong to, and how its inputs are prepared.
 
 Architecture: `--model module:factory` or `--arch NAME` when given, else what the checkpoint says
-(handoff's meta, the ImageNet example's `arch`, Lightning's `hyper_parameters`). `num_classes` is read
-off the classifier weights, so a 10-class resnet18 needs no flag beyond its name.
+(handoff's meta, torchvision references' `args.model`, timm's and the ImageNet example's `arch`, Lightning's
+`hyper_parameters`). A bare name is torchvision's; timm's models are `timm/NAME` (a timm checkpoint's
+`arch` is read as timm's). `num_classes` is read off the classifier weights, so a 10-class resnet18 needs
+no flag beyond its name.
+
+Preprocessing, first found wins: handoff's meta; what the training script's saved arguments say (crop,
+resize, interpolation, mean, std); the architecture's own defaults (timm's data config for timm models).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import logging
@@ -18,9 +24,8 @@ import torch.nn as nn
 
 from export.manifest import preprocess_from_meta
 from export.sources import Source
-from export.unwrap import Unwrapped, unwrap_keys
-from train.models import build_model, check_arch
-from train.presets import IMAGENET_MEAN, IMAGENET_STD
+from export.unwrap import LoadMismatch, Unwrapped, strict_load, unwrap_keys
+from train.models import TIMM_PREFIX, build_model, check_arch, eval_defaults, is_timm, timm_has, timm_name
 
 log = logging.getLogger(__name__)
 _PROBE_CLASSES = 1013  # an unlikely class count, so the classifier's tensors are easy to spot
@@ -57,25 +62,61 @@ def resolve_arch(src: Source, arch_flag: str | None) -> str:
     arch = arch_flag or src.arch
     if arch is None:
         raise ValueError(f"{src.path}: the checkpoint ({src.kind}) does not name its architecture; "
-                         "pass --arch NAME (a torchvision classifier) or --model module:factory")
+                         "pass --arch NAME (a torchvision classifier, or timm/NAME) or --model module:factory")
     check_arch(arch)
     return arch
 
 
-def _image_size(src: Source, flag: int | None) -> int:
-    hp = src.hyper_parameters or {}
-    return flag or (src.meta or {}).get("image_size") or hp.get("image_size") or 224
+def other_library(arch: str) -> str | None:
+    """The same name in the other library, where it exists there (resnet50 <-> timm/resnet50)."""
+    if is_timm(arch):
+        name = timm_name(arch)
+        try:
+            check_arch(name)
+            return name
+        except ValueError:
+            return None
+    return TIMM_PREFIX + arch if timm_has(arch) else None
 
 
-def _default_preprocess(image_size: int) -> dict[str, Any]:
-    return {"resize": round(image_size / 0.875), "crop": image_size, "mean": list(IMAGENET_MEAN),
-            "std": list(IMAGENET_STD), "interpolation": "bilinear", "channels": 3}
+def fits(arch: str, state: dict[str, torch.Tensor], image_size: int) -> bool:
+    """Whether `state` (wrapper prefixes included) loads into `arch` strictly, checked on the meta device."""
+    with torch.device("meta"):
+        probe = build_model(arch, _PROBE_CLASSES, image_size)
+    own = probe.state_dict()
+    mapped = unwrap_keys(state, set(own)).state_dict
+    return mapped.keys() == own.keys() and all(
+        mapped[k].shape == own[k].shape or (own[k].ndim >= 1 and own[k].shape[0] == _PROBE_CLASSES) for k in own)
+
+
+def _image_size(src: Source, flag: int | None) -> int | None:
+    """--image-size, unless it contradicts the size the checkpoint was trained at: then refuse."""
+    recorded = (src.meta or {}).get("image_size") or src.preprocess_hints.get("image_size")
+    if flag is not None and recorded is not None and flag != recorded:
+        raise ValueError(f"--image-size={flag}: the checkpoint was trained and is preprocessed at {recorded}; "
+                         "drop --image-size (a model exported at another size than its preprocessing would "
+                         "see different pixels)")
+    return flag or recorded
+
+
+def _preprocess(src: Source, arch: str | None, image_size: int | None) -> dict[str, Any]:
+    if src.meta:
+        return preprocess_from_meta(src.meta)
+    hints = src.preprocess_hints
+    defaults = eval_defaults(arch)
+    defaults = dataclasses.replace(defaults, crop_pct=float(hints.get("crop_pct") or defaults.crop_pct))
+    size = image_size or defaults.image_size
+    resize = hints.get("resize") or defaults.resize_for(size)
+    return {"resize": int(resize), "crop": int(size), "mean": [float(v) for v in hints.get("mean") or defaults.mean],
+            "std": [float(v) for v in hints.get("std") or defaults.std],
+            "interpolation": str(hints.get("interpolation") or defaults.interpolation), "channels": 3}
 
 
 def resolve_model(src: Source, arch_flag: str | None, model_flag: str | None, image_size_flag: int | None,
                   labels: list[str] | None) -> ModelSpec:
     """Build the target module and map the checkpoint's keys onto it."""
     image_size = _image_size(src, image_size_flag)
+    build_size = image_size or 224
     if src.module is not None and not (arch_flag or model_flag):
         model, arch = src.module, type(src.module).__name__
         make = None
@@ -85,7 +126,9 @@ def resolve_model(src: Source, arch_flag: str | None, model_flag: str | None, im
         make = lambda n: _call_factory(factory, n)  # noqa: E731
     else:
         arch = resolve_arch(src, arch_flag)
-        make = lambda n: build_model(arch, n, image_size)  # noqa: E731
+        build_size = image_size or eval_defaults(arch).image_size
+        image_size = build_size
+        make = lambda n: build_model(arch, n, build_size)  # noqa: E731
 
     if make is not None:
         with torch.device("meta"):  # no memory, no init cost: only names and shapes are needed
@@ -102,12 +145,24 @@ def resolve_model(src: Source, arch_flag: str | None, model_flag: str | None, im
     else:
         unwrapped = unwrap_keys(src.state_dict, set(model.state_dict()))
         with torch.inference_mode():  # a pickled model says its class count only through its output
-            num_classes = model.eval()(torch.zeros(1, 3, image_size, image_size)).shape[1]
+            num_classes = model.eval()(torch.zeros(1, 3, build_size, build_size)).shape[1]
 
     classes = _classes(src, labels, num_classes)
-    num_classes = len(classes)
-    preprocess = preprocess_from_meta(src.meta) if src.meta else _default_preprocess(image_size)
+    preprocess = _preprocess(src, arch if make is not None and not model_flag else None, image_size)
     return ModelSpec(arch, num_classes, classes, preprocess, model, unwrapped)
+
+
+def load_weights(spec: ModelSpec, src: Source, arch_is_a_name: bool) -> None:
+    """The strict load; when the keys do not fit but fit the same name in the other library, say so."""
+    try:
+        strict_load(spec.model, spec.unwrapped.state_dict, spec.arch)
+    except LoadMismatch as err:
+        other = other_library(spec.arch) if arch_is_a_name else None
+        if other and fits(other, src.state_dict, spec.preprocess["crop"]):
+            library = "timm" if is_timm(other) else "torchvision"
+            raise LoadMismatch(f"{err}\n  these keys look like {library}'s {timm_name(other) if is_timm(other) else other}: "
+                               f"pass --arch {other} (a bare name means torchvision's model)") from None
+        raise
 
 
 def _classes(src: Source, labels: list[str] | None, num_classes: int) -> list[str]:
@@ -116,5 +171,9 @@ def _classes(src: Source, labels: list[str] | None, num_classes: int) -> list[st
             raise ValueError(f"--labels lists {len(labels)} names but the model has {num_classes} outputs")
         return labels
     if src.meta and src.meta.get("classes"):
-        return [str(c) for c in src.meta["classes"]]
+        classes = [str(c) for c in src.meta["classes"]]
+        if len(classes) != num_classes:
+            raise ValueError(f"{src.path}: meta.classes lists {len(classes)} names but the model has {num_classes} "
+                             "outputs; pass --labels with one name per output")
+        return classes
     return [str(i) for i in range(num_classes)]

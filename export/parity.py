@@ -139,7 +139,8 @@ def summary_table(results: list[Comparison], device: torch.device, fp16: bool, t
 
 def parity_report(results: list[Comparison], device: torch.device, fp16: bool, tol: Tolerance,
                   precision: dict[str, Any], num_inputs: int, inputs_described: str) -> dict[str, Any]:
-    """The manifest's `parity` block; with no computing artifact (safetensors only) there is nothing to fail."""
+    """The manifest's `parity` block. With no computing artifact (safetensors only) nothing was compared:
+    `pass` is None ("not checked"), never True."""
     return {
         "summary": summary_table(results, device, fp16, tol, num_inputs),
         "device": str(device),
@@ -149,5 +150,5 @@ def parity_report(results: list[Comparison], device: torch.device, fp16: bool, t
         "inputs": num_inputs,
         "inputs_described": inputs_described,
         "results": [asdict(r) for r in results],
-        "pass": all(r.passed for r in results),
+        "pass": all(r.passed for r in results) if results else None,
     }

@@ -120,3 +120,84 @@ def _ddp_wrapped(model: nn.Module) -> nn.Module:
 def _ddp_state_of_compiled() -> dict:
     with single_process_group():
         return nn.parallel.DistributedDataParallel(torch.compile(fresh_model())).state_dict()
+
+
+# --- checkpoints as the field's training scripts write them -----------------------------------------
+
+TIMM_ARCH = "resnet18d"  # a timm-native model: torchvision has no resnet18d
+
+
+def _ema_of(model: nn.Module) -> nn.Module:
+    """An EMA copy that differs from the trained weights, as after some training steps."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ema.update_parameters(model)
+    return ema
+
+
+def torchvision_reference(folder: Path) -> tuple[Path, dict, dict]:
+    """torchvision's references/classification/train.py: its exact save call (the script is not a package).
+    Returns (path, trained state, EMA state)."""
+    import argparse
+
+    import numpy as np
+
+    model = fresh_model()
+    model_ema = _ema_of(model)  # the references' ExponentialMovingAverage is an AveragedModel
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    lr_scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 30)
+    scaler = torch.amp.GradScaler("cpu")
+    args = argparse.Namespace(model=ARCH, epochs=90, lr=np.float64(0.5), batch_size=32, val_resize_size=36,
+                              val_crop_size=SIZE, train_crop_size=SIZE, interpolation="bilinear", model_ema=True,
+                              model_ema_decay=0.99998, output_dir=str(folder), distributed=True, world_size=8)
+    checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                  "lr_scheduler": lr_scheduler.state_dict(), "epoch": 89, "args": args}
+    checkpoint["model_ema"] = model_ema.state_dict()
+    checkpoint["scaler"] = scaler.state_dict()
+    path = folder / "model_89.pth"
+    torch.save(checkpoint, path)
+    ema_state = {k.removeprefix("module."): v for k, v in model_ema.state_dict().items() if k != "n_averaged"}
+    return path, model.state_dict(), ema_state
+
+
+def timm_checkpoint(folder: Path) -> tuple[Path, dict, dict]:
+    """timm's own CheckpointSaver and ModelEmaV3, as its train.py uses them, on a timm-native model."""
+    import argparse
+
+    import numpy as np
+    import timm
+    from timm.utils import CheckpointSaver, ModelEmaV3
+
+    torch.manual_seed(1)
+    model = timm.create_model(TIMM_ARCH, pretrained=False, num_classes=CLASSES).eval()
+    ema = ModelEmaV3(model, decay=0.9)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ema.update(model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    args = argparse.Namespace(model=TIMM_ARCH, img_size=None, input_size=None, crop_pct=None, interpolation="",
+                              mean=None, std=None, num_classes=CLASSES, lr=np.float64(1e-3), epochs=np.int64(300))
+    saver = CheckpointSaver(model, optimizer, args=args, model_ema=ema, checkpoint_dir=str(folder),
+                            recovery_dir=str(folder), max_history=2)
+    saver.save_checkpoint(epoch=0, metric=np.float64(71.5))
+    return folder / "model_best.pth.tar", model.state_dict(), ema.module.state_dict()
+
+
+def accelerate_folders(folder: Path) -> tuple[dict[str, Path], dict]:
+    """Accelerate's own save_state (safetensors and .bin) and save_model sharded with an index."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model = fresh_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    folders = {"safetensors": folder / "state", "bin": folder / "state_bin", "sharded": folder / "sharded"}
+    accelerator.save_state(str(folders["safetensors"]))
+    accelerator.save_state(str(folders["bin"]), safe_serialization=False)
+    accelerator.save_model(model, str(folders["sharded"]), max_shard_size="10MB")
+    return folders, accelerator.unwrap_model(model).state_dict()

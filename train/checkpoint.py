@@ -155,8 +155,9 @@ def verify_zip_checksums(path: Path) -> None:
                               "(corrupted on disk or in transfer)")
 
 
-def read_weights_only(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
-    """`torch.load(weights_only=True)` with one-line errors: missing, empty, damaged, or refused."""
+def read_weights_only(path: str | os.PathLike, map_location: Any = "cpu", safe_globals: list[Any] = ()) -> Any:
+    """`torch.load(weights_only=True)` with one-line errors: missing, empty, damaged, or refused.
+    `safe_globals`: harmless types to construct besides tensors and containers (torch's safe-globals list)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
@@ -164,7 +165,8 @@ def read_weights_only(path: str | os.PathLike, map_location: Any = "cpu") -> Any
         raise CheckpointError(f"{path}: the file is empty")
     verify_zip_checksums(path)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         refused = re.search(r"unsupported (?:global: )?GLOBAL ([\w.]+)", str(err), re.IGNORECASE)
         if refused:
@@ -175,6 +177,44 @@ def read_weights_only(path: str | os.PathLike, map_location: Any = "cpu") -> Any
         raise CheckpointError(f"{path}: not a readable checkpoint, maybe truncated ({detail[:200]})") from None
 
 
+_INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+
+
+def check_meta(meta: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's `meta`, checked (keys, types, ranges) before anything is built from it."""
+
+    def bad(key: str, why: str) -> CheckpointError:
+        return CheckpointError(f"{path}: meta.{key} {why}")
+
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: a handoff checkpoint without its meta (what export rebuilds the model from)")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise CheckpointError(f"{path}: incomplete meta, missing {', '.join(missing)}")
+    if not isinstance(meta["arch"], str) or not meta["arch"]:
+        raise bad("arch", f"is {meta['arch']!r}, not an architecture name")
+    for key, least in (("num_classes", 1), ("image_size", 8), ("resize", 8)):
+        if type(meta[key]) is not int or not least <= meta[key] <= 8192:
+            raise bad(key, f"is {meta[key]!r}, not an integer between {least} and 8192")
+    if meta["resize"] < meta["image_size"]:
+        raise bad("resize", f"{meta['resize']} is smaller than the image size {meta['image_size']}")
+    if meta["channels"] != 3:
+        raise bad("channels", f"is {meta['channels']!r}; handoff feeds RGB images (3 channels)")
+    classes = meta["classes"]
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or len(classes) != meta["num_classes"]:
+        raise bad("classes", f"must list num_classes={meta['num_classes']} names (strings)")
+    for key in ("mean", "std"):
+        values = meta[key]
+        if (not isinstance(values, list) or len(values) != 3 or not all(isinstance(v, (int, float)) for v in values)
+                or (key == "std" and min(values) <= 0)):
+            raise bad(key, f"is {values!r}, not 3 numbers" + (" above 0" if key == "std" else ""))
+    if meta["interpolation"] not in _INTERPOLATIONS:
+        raise bad("interpolation", f"is {meta['interpolation']!r}, not one of {', '.join(_INTERPOLATIONS)}")
+    if "data" in meta and not isinstance(meta["data"], str):
+        raise bad("data", f"is {meta['data']!r}, not a path")
+    return meta
+
+
 def load(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
     """Load a handoff checkpoint safely (`weights_only=True`), or raise CheckpointError saying why not."""
     ckpt = read_weights_only(path, map_location)
@@ -183,6 +223,7 @@ def load(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
     missing = [k for k in REQUIRED_KEYS if k not in ckpt]
     if missing:
         raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
+    check_meta(ckpt["meta"], path)
     return ckpt
 
 

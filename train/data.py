@@ -24,8 +24,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from torchvision import datasets
 
+from train.models import eval_defaults, is_timm
 from train.presets import Preprocessing, eval_transform, train_transform
 
+DEFAULT_IMAGE_SIZE = 32  # torchvision models, when --image-size is not given
 DIGITS_VAL_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0  # fixed, independent of --seed: the val set never changes between runs
 
@@ -135,8 +137,9 @@ class DataConfig:
     """Where the images come from and how they are shaped."""
 
     data: str | None = None  # ImageFolder root with train/ and val/; None: the embedded digits
-    image_size: int = 32  # side of the square the model sees
-    resize: int | None = None  # eval resize before the center crop; None: image_size (digits) or image_size/0.875
+    arch: str = "resnet18"  # its evaluation defaults (timm's data config for timm/NAME) fill what is not set
+    image_size: int | None = None  # side of the square the model sees; None: 32, or timm's input size for timm/NAME
+    resize: int | None = None  # eval resize before the center crop; None: image_size (digits) or image_size/crop_pct
     min_scale: float | None = None  # RandomResizedCrop lower scale; None: 0.5 (digits) or 0.08 (ImageFolder)
     hflip: float | None = None  # horizontal flip probability; None: 0 (digits are not symmetric) or 0.5
     batch_size: int = 32  # images per process per step
@@ -147,7 +150,8 @@ class DataConfig:
             raise ValueError(f"--batch-size={self.batch_size}: must be at least 1")
         if self.workers < 0:
             raise ValueError(f"--workers={self.workers}: must be 0 (load in the training process) or more")
-        check_image_size(self.image_size)
+        if self.image_size is not None:
+            check_image_size(self.image_size)
         if self.data is not None:
             for split in ("train", "val"):
                 if not (Path(self.data) / split).is_dir():
@@ -155,8 +159,12 @@ class DataConfig:
 
     @property
     def preprocessing(self) -> Preprocessing:
-        default_resize = self.image_size if self.data is None else round(self.image_size / 0.875)
-        return Preprocessing(crop=self.image_size, resize=self.resize or default_resize)
+        defaults = eval_defaults(self.arch)
+        size = self.image_size or (defaults.image_size if is_timm(self.arch) else DEFAULT_IMAGE_SIZE)
+        # The digits are whole 8x8 frames: resized to the crop, nothing cut off.
+        default_resize = size if self.data is None else defaults.resize_for(size)
+        return Preprocessing(crop=size, resize=self.resize or default_resize, mean=defaults.mean, std=defaults.std,
+                             interpolation=defaults.interpolation)
 
 
 @dataclass

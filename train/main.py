@@ -59,12 +59,15 @@ def get_args_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--data", default=None, help="ImageFolder root holding train/ and val/ (default: the embedded "
                    "scikit-learn handwritten digits, 1,797 images, 10 classes)")
-    g.add_argument("--image-size", type=int, default=32, help="side of the square the model sees (default: 32)")
+    g.add_argument("--image-size", type=int, default=None, help="side of the square the model sees (default: 32; "
+                   "for timm/NAME the model's own input size from timm's data config)")
     g.add_argument("--resize", type=int, default=None, help="eval resize before the center crop (default: the image "
-                   "size for the digits, image size / 0.875 for an ImageFolder)")
+                   "size for the digits; for an ImageFolder image size / 0.875, or timm's crop_pct for timm/NAME)")
     g.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank (default: 2)")
     g = p.add_argument_group("model and optimisation")
-    g.add_argument("--arch", default="resnet18", help="any torchvision classifier name (default: resnet18)")
+    g.add_argument("--arch", default="resnet18", help="a torchvision classifier (resnet50), or timm/NAME for a timm model "
+                   "(timm/convnext_atto); a bare name is always torchvision's, also where timm has one too. timm "
+                   "models take timm's mean, std and interpolation (default: resnet18)")
     g.add_argument("--epochs", type=int, default=10, help="total epochs; the schedule spans them (default: 10)")
     g.add_argument("--batch-size", type=int, default=32, help="images per process per step (default: 32)")
     g.add_argument("--lr", type=float, default=None, help="initial learning rate (default: 0.1 x global batch / 256, "
@@ -165,7 +168,7 @@ def main(args: argparse.Namespace) -> int:
 def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     check_arch(args.arch)
     stop = StopRequest()
-    data_cfg = DataConfig(data=args.data, image_size=args.image_size, resize=args.resize,
+    data_cfg = DataConfig(data=args.data, arch=args.arch, image_size=args.image_size, resize=args.resize,
                           batch_size=args.batch_size, workers=args.workers)
     lr = args.lr if args.lr is not None else 0.1 * args.batch_size * info.world_size / 256
     optim_cfg = OptimConfig(epochs=args.epochs, lr=lr, momentum=args.momentum, weight_decay=args.weight_decay,
@@ -177,7 +180,7 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     ds = build_datasets(data_cfg, args.seed)
     train_loader, sampler, val_loader = build_loaders(
         ds, data_cfg, info.rank, info.world_size, args.seed, info.device.type == "cuda")
-    model = build_model(args.arch, len(ds.classes), args.image_size).to(info.device)
+    model = build_model(args.arch, len(ds.classes), ds.preprocessing.crop).to(info.device)
     optimizer = build_optimizer(model, optim_cfg)
     scheduler = build_scheduler(optimizer, optim_cfg)
     amp_dtype = AMP_DTYPES.get(args.amp) if args.amp else None

@@ -1,0 +1,168 @@
+"""Checkpoints that are folders: `torch.distributed.checkpoint` (DCP) and Hugging Face Accelerate's `save_state`.
+
+DCP, as FSDP2 and torchtitan write it: `step-N/` with `.metadata` and one `__R_0.distcp` per rank.
+torchtitan keeps the model's keys at the top level beside `optimizer`, `lr_scheduler`, `dataloader` and
+`train_state`; other scripts nest them under `model`. It is read in this one process, with no process
+group: sharded DTensors come back whole, and only the model's tensors are read, never the optimizer's, so
+exporting a large run does not need its optimizer's memory. Given the folder that holds the `step-N`
+folders, the newest step is read.
+
+Accelerate: `model.safetensors` or `pytorch_model.bin` (with an `.index.json` and shards when large), beside
+`optimizer.bin`, `scheduler.bin` and `random_states_*.pkl`, which are never opened; under FSDP its
+`pytorch_model_fsdp_0/` is a DCP folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
+
+from export.allowlist import FIELD_SAFE_GLOBALS, UnsafeMetadata, read_dcp_metadata
+from export.manifest import sha256_file
+from export.sources import EMA_KEYS, Source, read_safetensors
+from train.checkpoint import CheckpointError, read_weights_only
+
+log = logging.getLogger(__name__)
+
+DCP_METADATA = ".metadata"
+NOT_MODEL = {"optimizer", "optim", "optimizers", "lr_scheduler", "lr_schedulers", "scheduler", "dataloader",
+             "train_state", "rng", "rng_state", "scaler", "extra_state", "sampler"}
+ACCELERATE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+ACCELERATE_FSDP = "pytorch_model_fsdp_0"
+
+
+def _folder_sha256(folder: Path, files: list[Path]) -> str:
+    """One digest for the files read: sha256 over each file's relative name and sha256, in name order."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(f"{path.relative_to(folder)}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def _newest_step(folder: Path) -> Path | None:
+    steps = [p for p in folder.iterdir() if p.is_dir() and (p / DCP_METADATA).is_file()]
+    numbered = [(int(m.group(1)), p) for p in steps if (m := re.search(r"(\d+)$", p.name))]
+    return max(numbered)[1] if numbered else (steps[0] if len(steps) == 1 else None)
+
+
+def _model_keys(keys: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(model key -> DCP key, EMA key -> DCP key): nested under `model.` when the file does so, else the
+    top-level keys that are not training state; an `*ema*` top-level entry holds EMA weights."""
+    def first(key: str) -> str:
+        return key.split(".", 1)[0]
+
+    ema_roots = [k for k in EMA_KEYS if any(first(key) == k for key in keys)]
+    ema = {key.split(".", 1)[1]: key for key in keys if ema_roots and first(key) == ema_roots[0]}
+    if any(first(key) == "model" for key in keys):
+        return {key.split(".", 1)[1]: key for key in keys if first(key) == "model"}, ema
+    model = {key: key for key in keys if first(key) not in NOT_MODEL and first(key) not in EMA_KEYS}
+    return model, ema
+
+
+class _SafeReader(dcp.FileSystemReader):
+    """DCP's file reader, but its metadata unpickled with only DCP's own classes allowed."""
+
+    def read_metadata(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        metadata = read_dcp_metadata(Path(self.path) / DCP_METADATA)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def read_dcp(folder: Path) -> Source:
+    try:
+        metadata = read_dcp_metadata(folder / DCP_METADATA)
+    except UnsafeMetadata as err:
+        raise CheckpointError(f"{folder / DCP_METADATA}: names {err}, which a DCP metadata file never holds; "
+                              "refused without running it") from None
+    except Exception as err:  # noqa: BLE001 - any unpickling failure is a damaged file
+        raise CheckpointError(f"{folder / DCP_METADATA}: not a readable DCP metadata file ({err})") from None
+    tensors = {k: m for k, m in metadata.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
+    model_keys, ema_keys = _model_keys(list(tensors))
+    if not model_keys:
+        raise CheckpointError(f"{folder}: a DCP checkpoint without model tensors (top-level entries: "
+                              f"{', '.join(sorted({k.split('.')[0] for k in tensors})[:8])})")
+    wanted = {**model_keys, **ema_keys}
+    # Only these entries are planned, so only their bytes are read: never the optimizer's.
+    state = {dcp_key: torch.empty(tensors[dcp_key].size, dtype=tensors[dcp_key].properties.dtype)
+             for dcp_key in wanted.values()}
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process, on purpose
+            dcp.load(state, storage_reader=_SafeReader(str(folder)), no_dist=True)
+    except Exception as err:  # noqa: BLE001 - DCP wraps read errors in its own exception types
+        raise CheckpointError(f"{folder}: cannot read its tensors ({str(err).strip().splitlines()[-1][:200]})") from None
+    shards = sorted(folder.glob("*.distcp"))
+    src = Source(folder, _folder_sha256(folder, [folder / DCP_METADATA, *shards]), "dcp",
+                 {key: state[dcp_key] for key, dcp_key in model_keys.items()})
+    if ema_keys:
+        src.ema_state_dict = {key: state[dcp_key] for key, dcp_key in ema_keys.items()}
+        src.ema_key = next(iter(ema_keys.values())).split(".", 1)[0]
+    log.info("read %d model tensors from %d DCP shard(s) in %s", len(model_keys), len(shards), folder)
+    return src
+
+
+def _read_index(folder: Path, index: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{index}: not a weight index ({err})") from None
+    shards = sorted({folder / name for name in weight_map.values()})
+    outside = [p.name for p in shards if p.parent != folder]
+    if outside:
+        raise CheckpointError(f"{index}: names shards outside its folder ({', '.join(outside[:3])})")
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(_read_weights(shard).state_dict)
+    return state, shards
+
+
+def _read_weights(path: Path) -> Source:
+    if path.suffix == ".safetensors":
+        return read_safetensors(path, kind="accelerate")
+    obj = read_weights_only(path, safe_globals=FIELD_SAFE_GLOBALS)
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path}: expected a state_dict of tensors")
+    return Source(path, sha256_file(path), "accelerate", obj)
+
+
+def read_accelerate(folder: Path) -> Source:
+    for name in ACCELERATE_WEIGHTS:
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            state, shards = _read_index(folder, index)
+            return Source(folder, _folder_sha256(folder, [index, *shards]), "accelerate", state)
+        if (folder / name).is_file():
+            src = _read_weights(folder / name)
+            others = sorted(p.name for p in folder.glob(name.replace(".", "_*.")))
+            if others:
+                log.warning("%s holds more models (%s); exporting the first, %s", folder, ", ".join(others), name)
+            src.path, src.kind = folder, "accelerate"
+            return src
+    return read_dcp(folder / ACCELERATE_FSDP)
+
+
+def read_folder(folder: Path) -> Source:
+    """A DCP or Accelerate folder, or CheckpointError naming what the folder holds instead."""
+    if (folder / DCP_METADATA).is_file():
+        return read_dcp(folder)
+    if any((folder / n).is_file() or (folder / f"{n}.index.json").is_file() for n in ACCELERATE_WEIGHTS) \
+            or (folder / ACCELERATE_FSDP / DCP_METADATA).is_file():
+        return read_accelerate(folder)
+    step = _newest_step(folder)
+    if step is not None:
+        log.info("%s holds DCP checkpoints; reading the newest, %s", folder, step.name)
+        return read_dcp(step)
+    found = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
+    raise CheckpointError(f"{folder}: a folder, but neither a torch.distributed.checkpoint folder ({DCP_METADATA}) "
+                          f"nor an Accelerate save_state folder ({', '.join(ACCELERATE_WEIGHTS)}); found: "
+                          f"{', '.join(found[:8]) or 'nothing'}" + (f" and {len(found) - 8} more" if len(found) > 8 else ""))
