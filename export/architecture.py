@@ -79,6 +79,15 @@ def other_library(arch: str) -> str | None:
     return TIMM_PREFIX + arch if timm_has(arch) else None
 
 
+def other_library_hint(arch: str, state: dict[str, torch.Tensor], image_size: int) -> str:
+    """'these keys look like timm's NAME: pass --arch timm/NAME' where they fit the other library's model."""
+    other = other_library(arch)
+    if other is None or not fits(other, state, image_size):
+        return ""
+    library, name = ("timm", timm_name(other)) if is_timm(other) else ("torchvision", other)
+    return f"these keys look like {library}'s {name}: pass --arch {other} (a bare name means torchvision's model)"
+
+
 def fits(arch: str, state: dict[str, torch.Tensor], image_size: int) -> bool:
     """Whether `state` (wrapper prefixes included) loads into `arch` strictly, checked on the meta device."""
     with torch.device("meta"):
@@ -139,8 +148,10 @@ def resolve_model(src: Source, arch_flag: str | None, model_flag: str | None, im
         found = [unwrapped.state_dict[k].shape[0] for k in classifier if k in unwrapped.state_dict]
         num_classes = found[0] if found else (src.meta or {}).get("num_classes")
         if num_classes is None:
+            hint = other_library_hint(arch, src.state_dict, build_size) if not model_flag else ""
             raise ValueError(f"{src.path}: cannot tell the number of classes: no classifier weights "
-                             f"({', '.join(classifier) or 'none found'}) in the checkpoint for {arch}")
+                             f"({', '.join(classifier) or 'none found'}) in the checkpoint for {arch}"
+                             + (f"; {hint}" if hint else ""))
         model = make(num_classes)
     else:
         unwrapped = unwrap_keys(src.state_dict, set(model.state_dict()))
@@ -157,11 +168,9 @@ def load_weights(spec: ModelSpec, src: Source, arch_is_a_name: bool) -> None:
     try:
         strict_load(spec.model, spec.unwrapped.state_dict, spec.arch)
     except LoadMismatch as err:
-        other = other_library(spec.arch) if arch_is_a_name else None
-        if other and fits(other, src.state_dict, spec.preprocess["crop"]):
-            library = "timm" if is_timm(other) else "torchvision"
-            raise LoadMismatch(f"{err}\n  these keys look like {library}'s {timm_name(other) if is_timm(other) else other}: "
-                               f"pass --arch {other} (a bare name means torchvision's model)") from None
+        hint = other_library_hint(spec.arch, src.state_dict, spec.preprocess["crop"]) if arch_is_a_name else ""
+        if hint:
+            raise LoadMismatch(f"{err}\n  {hint}") from None
         raise
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 from pathlib import Path
 from typing import Any, Protocol
 

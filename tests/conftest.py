@@ -87,15 +87,22 @@ def exported(tmp_path_factory) -> Path:
     return run_dir / "last.export"
 
 
+def eager_from_export(folder: Path):
+    """The eager model behind a handoff-checkpoint export, with the evaluation transform its manifest
+    describes (crop, resize, mean, std, interpolation)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    pre = manifest["preprocess"]
+    model = build_model(manifest["arch"], manifest["num_classes"], pre["crop"])
+    model.load_state_dict(load(Path(manifest["source"]["checkpoint"]))["model"])
+    transform = eval_transform(Preprocessing(crop=pre["crop"], resize=pre["resize"], mean=tuple(pre["mean"]),
+                                             std=tuple(pre["std"]), interpolation=pre["interpolation"]))
+    return model.eval(), transform
+
+
 @pytest.fixture(scope="session")
 def eager(exported: Path):
     """The eager model behind the export, with its torchvision evaluation transform."""
-    manifest = json.loads((exported / "manifest.json").read_text())
-    model = build_model(manifest["arch"], manifest["num_classes"], manifest["preprocess"]["crop"])
-    model.load_state_dict(load(Path(manifest["source"]["checkpoint"]))["model"])
-    pre = manifest["preprocess"]
-    transform = eval_transform(Preprocessing(crop=pre["crop"], resize=pre["resize"]))
-    return model.eval(), transform
+    return eager_from_export(exported)
 
 
 def eager_top1(eager, images: list[Image.Image]) -> list[int]:

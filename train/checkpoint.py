@@ -24,19 +24,19 @@ import os
 import pickle
 import random
 import re
-import shutil
 import socket
 import time
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 import numpy as np
 import torch
 
 from train import distributed
+from train.files import TMP_MARK, UnsafeRunFolder, check_run_folder, open_no_follow, publish, publish_link
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ FORMAT = "handoff.checkpoint/1"
 EMBEDDED_DIGITS = "embedded:digits"
 LAST, BEST = "last.pt", "best.pt"
 EPOCH_PATTERN = "epoch_{:04d}.pt"
-_TMP_MARK = ".tmp."
 REQUIRED_KEYS = ("format", "model", "optimizer", "scheduler", "epoch", "step", "best_acc1", "rng", "sampler", "meta")
 META_KEYS = (
     "arch", "num_classes", "classes", "image_size", "mean", "std", "resize", "interpolation", "channels",
@@ -243,31 +242,6 @@ class CheckpointConfig:
             raise ValueError(f"--keep-last={self.keep_last}: must be 0 or more")
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _tmp_name(target: Path) -> Path:
-    return target.with_name(f".{target.name}{_TMP_MARK}{os.getpid()}")
-
-
-def _publish(target: Path, write: Callable[[Path], None]) -> None:
-    """Have `write` fill a temporary file beside `target`, then rename it over `target` and fsync the folder."""
-    tmp = _tmp_name(target)
-    tmp.unlink(missing_ok=True)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(target.parent)
-
-
 class _WriteErrorKeeper:
     """A file whose first OSError is kept: torch.save reports a failed write (ENOSPC...) only as a
     RuntimeError about the stream position, which would hide the reason from the user."""
@@ -288,35 +262,18 @@ class _WriteErrorKeeper:
 
 
 def atomic_save(obj: Any, target: Path) -> None:
-    """torch.save to a temporary file beside `target`, fsync, then rename over it."""
+    """torch.save to a fresh temporary file beside `target`, fsync, then rename over it (train/files.py)."""
 
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            keeper = _WriteErrorKeeper(f)
-            try:
-                torch.save(obj, keeper)
-            except RuntimeError:
-                if keeper.error is not None:
-                    raise keeper.error from None
-                raise
-            f.flush()
-            os.fsync(f.fileno())
-
-    _publish(target, write)
-
-
-def atomic_link(source: Path, target: Path) -> None:
-    """Make `target` name the same bytes as `source`, atomically (hard link, or a copy where links fail)."""
-
-    def write(tmp: Path) -> None:
+    def write(f: IO[bytes]) -> None:
+        keeper = _WriteErrorKeeper(f)
         try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
+            torch.save(obj, keeper)
+        except RuntimeError:
+            if keeper.error is not None:
+                raise keeper.error from None
+            raise
 
-    _publish(target, write)
+    publish(target, write)
 
 
 def state_to_cpu(obj: Any) -> Any:
@@ -368,7 +325,7 @@ def lock_run_folder(folder: Path, wait_s: float) -> IO[str]:
     orphaned workers of the killed one. A dead owner's lock is free at once; a live one's is waited for
     `wait_s` seconds, then refused with the owner named.
     """
-    handle = open(folder / ".lock", "a+")
+    handle = open_no_follow(folder / ".lock")
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -411,7 +368,10 @@ class Checkpointer:
         if is_main:
             try:
                 cfg.folder.mkdir(parents=True, exist_ok=True)
+                check_run_folder(cfg.folder)
                 self._lock = lock_run_folder(cfg.folder, cfg.lock_wait_s)
+            except UnsafeRunFolder as err:
+                raise CheckpointError(err.strerror) from None
             except OSError as err:
                 raise CheckpointWriteError(f"cannot write to the run folder {cfg.folder}: {_reason(err)}") from None
             self._remove_stale_temporaries()  # safe only now: no other writer can be mid-save
@@ -422,7 +382,7 @@ class Checkpointer:
 
     def _remove_stale_temporaries(self) -> None:
         """Temporaries left by a process killed mid-write: never a complete checkpoint, safe to drop."""
-        for tmp in self.cfg.folder.glob(f".*{_TMP_MARK}*"):
+        for tmp in self.cfg.folder.glob(f".*{TMP_MARK}*"):
             log.info("removing %s, left by an interrupted save", tmp.name)
             tmp.unlink(missing_ok=True)
 
@@ -479,12 +439,12 @@ class Checkpointer:
         if epoch_done and self.cfg.keep_last > 0:
             primary = folder / EPOCH_PATTERN.format(state["epoch"])
             atomic_save(state, primary)
-            atomic_link(primary, self.last)
+            publish_link(primary, self.last)
         else:
             primary = self.last
             atomic_save(state, primary)
         if is_best:
-            atomic_link(primary, folder / BEST)
+            publish_link(primary, folder / BEST)
         if epoch_done:
             self._prune()
         log.debug("saved %s (epoch %d, step %d)", primary, state["epoch"], state["step"])

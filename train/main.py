@@ -145,6 +145,9 @@ def resolve_resume(resume: str, checkpointer: Checkpointer) -> str | None:
     if resume == "none":
         return None
     if resume == "auto":
+        if checkpointer.last.is_symlink():  # handoff writes last.pt as a file or a hard link, never a symlink
+            raise CheckpointError(f"{checkpointer.last} is a symbolic link, which the trainer never writes; remove it "
+                                  "or pass --resume PATH")
         return str(checkpointer.last) if checkpointer.last.is_file() else None
     return resume
 
@@ -201,13 +204,13 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     # Rank 0 alone reads the checkpoint and broadcasts it: other nodes need not share its file system.
     ckpt = None
     if info.is_main and checkpointer is not None:
-        path = resolve_resume(args.resume, checkpointer)
-        if path is not None:
-            try:
+        try:
+            path = resolve_resume(args.resume, checkpointer)
+            if path is not None:
                 ckpt = load(path, map_location="cpu")
                 log.info("resuming from %s", path)
-            except CheckpointError as err:
-                error = f"--resume: {err}"
+        except CheckpointError as err:
+            error = f"--resume: {err}"
     ckpt, error = distributed.broadcast_object((ckpt, error))
     if error:
         raise CheckpointError(error)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import io
 import logging
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+from train.files import publish
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +58,11 @@ class MetricsLog:
             log.warning("could not write %s or %s: %s", self.csv_path.name, self.png_path.name, err)
 
     def _write(self, rows: list[EpochMetrics]) -> None:
-        tmp = self.csv_path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(asdict(r) for r in rows)
-        tmp.replace(self.csv_path)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)
+        publish(self.csv_path, lambda f: f.write(text.getvalue().encode()))
 
     def plot(self) -> None:
         import matplotlib
@@ -81,5 +83,7 @@ class MetricsLog:
             ax.grid(alpha=0.3)
             ax.legend()
         fig.tight_layout()
-        fig.savefig(self.png_path, dpi=100)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
         plt.close(fig)
+        publish(self.png_path, lambda f: f.write(png.getvalue()))

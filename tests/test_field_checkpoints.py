@@ -1,0 +1,216 @@
+"""Checkpoints as the field's training scripts write them, built with the real libraries (timm's own
+CheckpointSaver, Accelerate's own save_state, DCP with FSDP2 on 2 gloo processes; torchvision's references
+by their exact save call), each exported and compared with an eager model holding the weights it should."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import checkpoint_fixtures as fx
+from conftest import ROOT, run
+from test_export import assert_one_line_error, export_cli, onnx_logits, read_manifest
+from train.models import build_model
+
+
+@pytest.fixture(scope="module")
+def field(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("field")
+
+
+@pytest.fixture(scope="module")
+def dcp_folders(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dcp")
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                str(ROOT / "tests" / "fixtures" / "dcp_fsdp2.py"), str(out)], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def assert_exports_like(checkpoint: Path, arch: str, state: dict, out: Path, *flags: str) -> dict:
+    """Export with `flags` only, then compare the ONNX file with an eager `arch` holding `state`."""
+    result = export_cli(str(checkpoint), *flags, "--formats", "onnx", "--out", str(out), "--no-bento")
+    assert result.returncode == 0, result.stderr
+    manifest = read_manifest(out)
+    assert manifest["arch"] == arch and manifest["status"] == "passed"
+    size = manifest["preprocess"]["crop"]
+    model = build_model(arch, fx.CLASSES, size)
+    model.load_state_dict(state)
+    x = torch.randn(3, 3, size, size)
+    with torch.inference_mode():
+        expected = model.eval()(x).numpy()
+    np.testing.assert_allclose(onnx_logits(out, x), expected, atol=1e-4, rtol=1e-3)
+    manifest["stderr"] = result.stderr
+    return manifest
+
+
+def test_torchvision_reference_with_and_without_ema(field, tmp_path):
+    path, trained, ema = fx.torchvision_reference(field)
+    manifest = assert_exports_like(path, fx.ARCH, trained, tmp_path / "trained")  # no flags at all
+    assert manifest["source"]["container"] == "torchvision-reference" and manifest["source"]["weights"] == "trained"
+    assert "also holds EMA weights (model_ema)" in manifest["stderr"] and "--ema" in manifest["stderr"]
+    # The reference's own evaluation settings: --val-resize-size 36, --val-crop-size 32, bilinear.
+    assert (manifest["preprocess"]["resize"], manifest["preprocess"]["crop"]) == (36, fx.SIZE)
+    manifest = assert_exports_like(path, fx.ARCH, ema, tmp_path / "ema", "--ema")
+    assert manifest["source"]["weights"] == "EMA (model_ema)"
+
+
+def test_timm_checkpoint_saver_with_and_without_ema(field, tmp_path):
+    path, trained, ema = fx.timm_checkpoint(field)
+    arch = f"timm/{fx.TIMM_ARCH}"
+    manifest = assert_exports_like(path, arch, trained, tmp_path / "trained")
+    assert manifest["source"]["container"] == "timm"
+    pre = manifest["preprocess"]
+    # timm's data config for resnet18d: 224 px, bicubic, crop_pct 0.875 -> resize floor(224 / 0.875) = 256.
+    assert (pre["crop"], pre["resize"], pre["interpolation"]) == (224, 256, "bicubic")
+    manifest = assert_exports_like(path, arch, ema, tmp_path / "ema", "--ema")
+    assert manifest["source"]["weights"] == "EMA (state_dict_ema)"
+
+
+@pytest.mark.parametrize("layout", ["nested/step-3", "torchtitan"])
+def test_dcp_folders_written_by_fsdp2(layout, dcp_folders, tmp_path):
+    expected = torch.load(dcp_folders / "expected.pt", weights_only=True)
+    manifest = assert_exports_like(dcp_folders / layout, fx.ARCH, expected, tmp_path / "out", "--arch", fx.ARCH,
+                                   "--image-size", "32")
+    assert manifest["source"]["container"] == "dcp"
+    if layout == "torchtitan":  # the folder holding step-N folders: the newest is read
+        assert "reading the newest, step-3" in manifest["stderr"]
+
+
+def test_dcp_reads_the_model_tensors_only(dcp_folders):
+    from export.sources import read_source
+
+    src = read_source(dcp_folders / "torchtitan" / "step-3")
+    assert not any(k.startswith(("optimizer", "lr_scheduler", "dataloader", "train_state")) for k in src.state_dict)
+    assert src.state_dict.keys() == torch.load(dcp_folders / "expected.pt", weights_only=True).keys()
+
+
+def test_accelerate_folders(field, tmp_path):
+    folders, state = fx.accelerate_folders(field / "accelerate")
+    for name, folder in folders.items():
+        manifest = assert_exports_like(folder, fx.ARCH, state, tmp_path / name, "--arch", fx.ARCH, "--image-size", "32")
+        assert manifest["source"]["container"] == "accelerate"
+
+
+def test_a_folder_that_is_no_checkpoint_is_named(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("hello")
+    (folder / "logs").mkdir()
+    assert_one_line_error(export_cli(str(folder), "--arch", fx.ARCH, "--no-bento"), "neither", "notes.txt", "logs/")
+
+
+def test_ema_asked_for_where_there_is_none(checkpoints_dir, tmp_path):
+    assert_one_line_error(export_cli(str(checkpoints_dir / "bare.pth"), "--arch", fx.ARCH, "--ema", "--no-bento"),
+                          "--ema", "no EMA weights")
+
+
+@pytest.fixture(scope="module")
+def checkpoints_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("plain")
+    torch.save(fx.fresh_model().state_dict(), folder / "bare.pth")
+    return folder
+
+
+class Payload:
+    """Runs a shell command when unpickled without restriction."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("carried", ["reduce payload", "callable"])
+def test_a_namespace_carrying_code_is_refused_without_running_it(carried, tmp_path):
+    marker = tmp_path / "pwned"
+    value = Payload(marker) if carried == "reduce payload" else os.system
+    args = argparse.Namespace(model=fx.ARCH, evil=value)
+    path = tmp_path / "model_1.pth"
+    torch.save({"model": fx.fresh_model().state_dict(), "args": args, "epoch": 1}, path)
+    result = export_cli(str(path), "--out", str(tmp_path / "out"), "--no-bento")
+    assert_one_line_error(result, "system", "--trust-pickle")
+    assert not marker.exists(), "the payload ran"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_planted_dcp_metadata_payload_is_refused(dcp_folders, tmp_path):
+    import shutil
+
+    folder = tmp_path / "step-3"
+    shutil.copytree(dcp_folders / "nested" / "step-3", folder)
+    marker = tmp_path / "pwned"
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    assert_one_line_error(export_cli(str(folder), "--arch", fx.ARCH, "--no-bento"), ".metadata", "refused")
+    assert not marker.exists(), "the payload ran"
+
+
+def _handoff_checkpoint(path: Path, **meta_changes) -> Path:
+    meta = {"data": "embedded:digits", "arch": fx.ARCH, "num_classes": fx.CLASSES,
+            "classes": [f"c{i}" for i in range(fx.CLASSES)], "image_size": 32, "mean": [0.5, 0.5, 0.5],
+            "std": [0.25, 0.25, 0.25], "resize": 32, "interpolation": "bilinear", "channels": 3, "world_size": 1,
+            "torch": "2.14.1", "created": "2026-11-30T00:00:00+00:00"}
+    meta.update(meta_changes)
+    meta = {k: v for k, v in meta.items() if v is not None}
+    from train.checkpoint import FORMAT
+
+    torch.save({"format": FORMAT, "model": fx.fresh_model().state_dict(), "meta": meta}, path)
+    return path
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"interpolation": None}, "incomplete meta, missing interpolation"),
+    ({"image_size": "32"}, "meta.image_size"),
+    ({"channels": 1}, "meta.channels"),
+    ({"std": [0.0, 0.2, 0.2]}, "meta.std"),
+    ({"classes": ["a", "b"], "num_classes": 2}, "meta.classes lists 2 names but the model has 7 outputs"),
+])
+def test_bad_meta_is_one_line_and_exit_2(change, needle, tmp_path):
+    path = _handoff_checkpoint(tmp_path / "last.pt", **change)
+    assert_one_line_error(export_cli(str(path), "--out", str(tmp_path / "out"), "--no-bento"), needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_image_size_contradicting_the_checkpoint_is_refused(tmp_path):
+    path = _handoff_checkpoint(tmp_path / "last.pt")
+    assert_one_line_error(export_cli(str(path), "--image-size", "64", "--no-bento"), "--image-size=64", "at 32")
+
+
+def test_safetensors_only_is_not_checked_and_not_registered(checkpoints_dir, tmp_path):
+    out, home = tmp_path / "weights", tmp_path / "home"
+    result = export_cli(str(checkpoints_dir / "bare.pth"), "--arch", fx.ARCH, "--image-size", "32", "--formats",
+                        "safetensors", "--out", str(out), bento_home=home)
+    assert result.returncode == 0, result.stderr
+    manifest = read_manifest(out)
+    assert manifest["status"] == "not checked" and manifest["parity"]["pass"] is None
+    assert "NOT CHECKED" in result.stdout and not (home / "models").exists()
+    from export.manifest import ManifestError, read_manifest as serve_reads
+
+    with pytest.raises(ManifestError, match="not checked"):
+        serve_reads(out)
+
+
+def test_keys_of_the_other_library_get_a_hint(tmp_path):
+    """A bare name is torchvision's; weights that fit the other library's model of that name say so."""
+    import timm
+    import torchvision
+
+    path = tmp_path / "weights.pth"
+    torch.save(timm.create_model("efficientnet_b0", num_classes=fx.CLASSES).state_dict(), path)
+    result = export_cli(str(path), "--arch", "efficientnet_b0", "--no-bento")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "these keys look like timm's efficientnet_b0: pass --arch timm/efficientnet_b0" in result.stderr
+    torch.save(torchvision.models.efficientnet_b0(num_classes=fx.CLASSES).state_dict(), path)
+    result = export_cli(str(path), "--arch", "timm/efficientnet_b0", "--no-bento")
+    assert result.returncode == 2 and "these keys look like torchvision's efficientnet_b0" in result.stderr
+    torch.save(timm.create_model("resnet26d", num_classes=fx.CLASSES).state_dict(), path)
+    result = export_cli(str(path), "--arch", "resnet50", "--no-bento")
+    assert result.returncode == 2 and "look like" not in result.stderr, "no hint where neither library fits"

@@ -1,0 +1,47 @@
+"""Attacks on the trainer's run folder: planted symlinks are never written through, and a folder any user
+can write to is refused. (The service's and the exporter's attacks live beside their other tests.)"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from conftest import TRAIN, load, run
+
+
+def train(out: Path, epochs: int = 1):
+    return run([sys.executable, TRAIN, "--epochs", str(epochs), "--workers", "0", "--image-size", "16",
+                "--out", str(out)])
+
+
+def test_planted_symlinks_in_the_run_folder_are_not_followed(tmp_path: Path):
+    out, victim = tmp_path / "run", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("precious\n")
+    (out / "last.pt").symlink_to(victim)  # read on resume: refused, never loaded
+    result = train(out)
+    assert result.returncode == 2 and "last.pt is a symbolic link" in result.stderr, result.stderr[-2000:]
+    (out / "last.pt").unlink()
+    for name in ("metrics.csv", "curves.png", "best.pt", "epoch_0001.pt", ".metrics.csv.tmp.0"):
+        (out / name).symlink_to(victim)
+    result = train(out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert victim.read_text() == "precious\n", "a file outside the run folder was written through a link"
+    for name in ("metrics.csv", "curves.png", "last.pt", "best.pt", "epoch_0001.pt"):
+        assert not (out / name).is_symlink(), f"{name} is a link"
+    assert load(out / "last.pt")["epoch"] == 1
+
+    (out / ".lock").unlink()
+    (out / ".lock").symlink_to(victim)  # opened in place, so refused rather than replaced
+    result = train(out, epochs=2)
+    assert result.returncode == 2 and "symbolic link" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and victim.read_text() == "precious\n"
+
+
+def test_a_run_folder_any_user_can_write_to_is_refused(tmp_path: Path):
+    out = tmp_path / "shared"
+    out.mkdir()
+    out.chmod(0o777)
+    result = train(out)
+    assert result.returncode == 2 and "can be written by any user" in result.stderr, result.stderr[-2000:]
+    assert not (out / "last.pt").exists()
