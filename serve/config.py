@@ -46,6 +46,8 @@ class ServeConfig:
     """1: try ONNX Runtime's TensorRT provider before CUDA"""
     tensorrt_cache: str = _setting("HANDOFF_TRT_CACHE", os.path.expanduser("~/.cache/handoff/tensorrt"))
     """where TensorRT keeps its built engines (a folder only this service's user can write)"""
+    show_paths: bool = _setting("HANDOFF_SHOW_PATHS", False, lambda name, value: value == "1")
+    """1: /info shows absolute paths (checkpoint, model folder); otherwise file names only"""
     workers: int = _setting("HANDOFF_WORKERS", 1, _env_int)
     """server processes per replica: 1 on a CPU host (ONNX Runtime already uses every core for each batch),
     one per GPU on a GPU host (README, "Workers per replica")"""

@@ -33,6 +33,16 @@ def _replay(body: bytes) -> Receive:
     return receive
 
 
+_MAX_DIGITS = 6
+
+
+def _small_integer(value: object) -> bool:
+    """A short decimal integer: Python refuses to parse integers of thousands of digits, with a ValueError
+    that BentoML would answer with 500."""
+    text = value.strip() if isinstance(value, str) else ""
+    return text.lstrip("+-").isdigit() and len(text) <= _MAX_DIGITS
+
+
 async def _form_problem(scope: Scope, body: bytes, fields: dict[str, str]) -> str | None:
     """What is wrong with a multipart body's fields (unknown, missing, or a text where a file belongs)."""
     from starlette.requests import Request
@@ -46,9 +56,14 @@ async def _form_problem(scope: Scope, body: bytes, fields: dict[str, str]) -> st
         if unknown:
             return f"unknown field(s) {', '.join(unknown)}; expected {', '.join(fields)}"
         for name, kind in fields.items():
-            value = form.get(name)
+            values = form.getlist(name)
+            if len(values) > 1:  # BentoML and this check could read different ones: refuse the ambiguity
+                return f"field '{name}' is given {len(values)} times; send it once"
+            value = values[0] if values else None
             if kind == "file" and not hasattr(value, "filename"):
                 return f"missing file field '{name}'" if value is None else f"field '{name}' must be a file upload"
+            if kind == "integer" and value is not None and not _small_integer(value):
+                return f"field '{name}' must be a whole number of at most {_MAX_DIGITS} digits"
         return None
     finally:
         await form.close()
@@ -60,7 +75,7 @@ class RequestLimits:
         self.app = app
         self.max_bytes = max_bytes
         self.content_types = content_types  # route -> the one media type it accepts
-        self.form_fields = form_fields  # route -> {field: "file" | "text"} of its multipart form
+        self.form_fields = form_fields  # route -> {field: "file" | "integer" | "text"} of its multipart form
 
     async def _refuse(self, send: Send) -> None:
         await _json_error(send, 413, f"request body is larger than the limit of {self.max_bytes} bytes")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+import typing
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,21 @@ class RequestError(BentoMLException):
         super().__init__(message, error_code=HTTPStatus(status))
 
 
+class ClientErrorsAtInfo(logging.Filter):
+    """BentoML logs every exception of an API call at ERROR with its traceback; a 4xx is the client's doing,
+    so it becomes one INFO line (what was wrong), and the server's log keeps ERROR for real faults."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        status = getattr(getattr(error, "error_code", None), "value", 500)
+        if record.levelno >= logging.ERROR and error is not None and 400 <= status < 500:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "%s %s: %d %s", (*(record.args or ("?", "?"))[1::-1], status, str(error)[:200])
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("bentoml._internal.server.http_app").addFilter(ClientErrorsAtInfo())
 PAGE = Path(__file__).with_name("static") / "index.html"
 
 
@@ -77,11 +93,11 @@ class HandoffClassifier:
         try:
             self._load()
         except (ManifestError, RuntimeUnavailable, ValueError, OSError, BentoMLException) as err:
-            self.not_ready = str(err)
+            self.not_ready = self._short(str(err))
             log.error("not ready: %s", err)
             return
         except Exception as err:  # noqa: BLE001 - stay up and say why rather than crash-loop the worker
-            self.not_ready = f"cannot load the model: {type(err).__name__}: {err}"
+            self.not_ready = self._short(f"cannot load the model: {type(err).__name__}: {err}")
             log.exception("not ready")
             return
         log.info("ready in %.1fs: %s on %s (%s), warm for batch sizes %s", time.monotonic() - started,
@@ -136,8 +152,8 @@ class HandoffClassifier:
         self._require_ready()
         try:
             batch = np.asarray(tensor, dtype=np.float32)
-        except (ValueError, TypeError):
-            raise RequestError("tensor must be a rectangular nested list of numbers") from None
+        except (ValueError, TypeError, OverflowError):
+            raise RequestError("tensor must be a rectangular nested list of numbers within float32's range") from None
         if batch.ndim != 4 or batch.shape[1:] != self.input_shape or batch.shape[0] < 1:
             raise RequestError(f"tensor has shape {list(batch.shape)}; expected [N, {', '.join(map(str, self.input_shape))}]")
         if batch.shape[0] > CONFIG.max_batch_size:
@@ -146,6 +162,19 @@ class HandoffClassifier:
             raise RequestError("tensor contains NaN or Inf")
         logits = await self._logits(batch)
         return {"logits": logits.tolist(), "probabilities": softmax(logits).tolist()}
+
+    @staticmethod
+    def _short(reason: str) -> str:
+        """The not-ready reason /info gives: the model folder by its name unless HANDOFF_SHOW_PATHS=1."""
+        folder = CONFIG.model_dir
+        return reason if CONFIG.show_paths or not folder else reason.replace(str(Path(folder).parent) + "/", "")
+
+    def _source(self) -> dict[str, Any]:
+        """Where the weights came from; absolute paths only with HANDOFF_SHOW_PATHS=1 (they reveal the host's layout)."""
+        source = dict(self.manifest["source"])
+        if not CONFIG.show_paths:
+            source["checkpoint"] = Path(source["checkpoint"]).name
+        return source
 
     def describe(self) -> dict[str, Any]:
         """What is being served, and on what (GET /info)."""
@@ -156,9 +185,10 @@ class HandoffClassifier:
             "ready": True,
             "version": VERSION,
             "model": {"arch": m["arch"], "num_classes": m["num_classes"], "classes": m["classes"],
-                      "input": m["input"], "preprocess": m["preprocess"], "source": m["source"],
+                      "input": m["input"], "preprocess": m["preprocess"], "source": self._source(),
                       "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},
-                      "sha256": m["artifacts"][self.runtime_artifact]["sha256"], "folder": str(self.folder)},
+                      "sha256": m["artifacts"][self.runtime_artifact]["sha256"],
+                      "folder": str(self.folder) if CONFIG.show_paths else self.folder.name},
             "runtime": self.runtime.name,
             "provider": self.runtime.provider,
             "device": self.runtime.device,
@@ -166,8 +196,15 @@ class HandoffClassifier:
         }
 
 
+def _form_fields(api: Any) -> dict[str, str]:
+    """A multipart endpoint's fields, read off its signature, so the limits check cannot drift from it."""
+    hints = typing.get_type_hints(api.func)
+    return {name: "file" if hint is Path else "integer" if hint is int else "text"
+            for name, hint in hints.items() if name not in ("return", "self")}
+
+
 HandoffClassifier.add_asgi_middleware(
     RequestLimits, max_bytes=CONFIG.max_body_bytes,
     content_types={"/classify": "multipart/form-data", "/predict": "application/json"},
-    form_fields={"/classify": {"image": "file", "top_k": "text"}},
+    form_fields={"/classify": _form_fields(HandoffClassifier.apis["classify"])},
 )

@@ -119,11 +119,21 @@ def bad_requests(url: str) -> list[tuple[str, int, str, httpx.Response]]:
         ("tensor wrong rank", 400, "shape", httpx.post(f"{url}/predict", json={"tensor": [1.0, 2.0]}, timeout=30)),
         ("tensor of strings", 400, "tensor",
          httpx.post(f"{url}/predict", json={"tensor": [[["a"]]]}, timeout=30)),
-        ("tensor with NaN", 400, "",
+        ("tensor with NaN", 400, "NaN or Inf",
          httpx.post(f"{url}/predict", content=json.dumps({"tensor": np.full(shape, np.nan).tolist()}),
                     headers={"content-type": "application/json"}, timeout=30)),
-        ("tensor with Inf", 400, "",
+        ("tensor with Inf", 400, "NaN or Inf",
          httpx.post(f"{url}/predict", content=json.dumps({"tensor": np.full(shape, np.inf).tolist()}),
+                    headers={"content-type": "application/json"}, timeout=30)),
+        ("top_k of 5,000 digits", 400, "top_k", classify(url, good, top_k="9" * 5000)),
+        ("image sent twice, text then file", 400, "once",
+         httpx.post(f"{url}/classify", files=[("image", (None, "hello")), ("image", ("a.png", good, "image/png"))],
+                    timeout=30)),
+        ("an integer past float range", 400, "range",
+         httpx.post(f"{url}/predict", content=json.dumps({"tensor": [[[[10**400]]]]}),
+                    headers={"content-type": "application/json"}, timeout=30)),
+        ("1e400 (JSON infinity)", 400, "NaN or Inf",
+         httpx.post(f"{url}/predict", content=json.dumps({"tensor": np.zeros(shape).tolist()}).replace("0.0", "1e400", 1),
                     headers={"content-type": "application/json"}, timeout=30)),
         ("predict as form", 415, "application/json",
          httpx.post(f"{url}/predict", files={"tensor": ("t.json", b"[]")}, timeout=30)),
@@ -139,6 +149,14 @@ def test_bad_input_gets_a_clear_4xx_and_nothing_breaks(server):
         assert fragment.lower() in json.dumps(body).lower(), f"{what}: {error}"
     assert server.status("/readyz") == 200
     assert classify(server.url, png_bytes(digit_images(1)[0][0])).status_code == 200
+    log = server.log.read_text()
+    assert "Traceback" not in log, "a client's mistake is one INFO line, not a traceback"
+    assert "POST /classify: 400" in log and "[ERROR]" not in log
+
+
+def test_info_hides_absolute_paths(server, exported):
+    info = httpx.get(f"{server.url}/info", timeout=10).json()
+    assert info["model"]["folder"] == exported.name and "/" not in info["model"]["source"]["checkpoint"]
 
 
 def test_odd_but_valid_images_are_answered(server):
