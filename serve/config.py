@@ -19,8 +19,12 @@ def _env_int(name: str, value: str) -> int:
         raise ValueError(f"{name}={value!r}: expected an integer") from None
 
 
-def _setting(name: str, default: Any, parse: Callable[[str, str], Any] | None = None) -> Any:
-    """A field read from the environment variable `name`, else `default`."""
+def _comma_list(name: str, value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _setting(name: str, default: Any, parse: Callable[[str, str], Any] | None = None, secret: bool = False) -> Any:
+    """A field read from the environment variable `name`, else `default`; a secret is kept out of repr()."""
 
     def read() -> Any:
         value = os.environ.get(name)
@@ -28,7 +32,7 @@ def _setting(name: str, default: Any, parse: Callable[[str, str], Any] | None = 
             return default
         return parse(name, value) if parse else value
 
-    return field(default_factory=read, metadata={"env": name})
+    return field(default_factory=read, metadata={"env": name}, repr=not secret)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class ServeConfig:
     """1: try ONNX Runtime's TensorRT provider before CUDA"""
     tensorrt_cache: str = _setting("HANDOFF_TRT_CACHE", os.path.expanduser("~/.cache/handoff/tensorrt"))
     """where TensorRT keeps its built engines (a folder only this service's user can write)"""
+    api_keys: tuple[str, ...] = _setting("HANDOFF_API_KEYS", (), _comma_list, secret=True)
+    """comma-separated bearer tokens; set: every endpoint but /livez, /readyz and the page needs one (401)"""
     show_paths: bool = _setting("HANDOFF_SHOW_PATHS", False, lambda name, value: value == "1")
     """1: /info shows absolute paths (checkpoint, model folder); otherwise file names only"""
     workers: int = _setting("HANDOFF_WORKERS", 1, _env_int)

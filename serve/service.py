@@ -30,9 +30,11 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
 from export.manifest import ManifestError, read_manifest
+from serve.auth import ApiKeyGate
 from serve.batching import ModelBatcher
 from serve.config import ServeConfig
 from serve.limits import RequestLimits
+from serve.page import PAGE, PAGE_HEADERS
 from serve.preprocess import BadImage, Preprocessor
 from serve.runtime import RUNTIME_ARTIFACTS, RuntimeUnavailable, load_runtime, softmax
 
@@ -63,7 +65,6 @@ class ClientErrorsAtInfo(logging.Filter):
 
 
 logging.getLogger("bentoml._internal.server.http_app").addFilter(ClientErrorsAtInfo())
-PAGE = Path(__file__).with_name("static") / "index.html"
 
 
 async def _get_info(request: Request) -> JSONResponse:
@@ -71,7 +72,7 @@ async def _get_info(request: Request) -> JSONResponse:
 
 
 async def _get_page(request: Request) -> FileResponse:
-    return FileResponse(PAGE, media_type="text/html")
+    return FileResponse(PAGE, media_type="text/html", headers=PAGE_HEADERS)
 
 
 # GET / is a page to try the model in a browser, in place of BentoML's Swagger UI (the OpenAPI
@@ -203,6 +204,7 @@ def _form_fields(api: Any) -> dict[str, str]:
             for name, hint in hints.items() if name not in ("return", "self")}
 
 
+HandoffClassifier.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys)
 HandoffClassifier.add_asgi_middleware(
     RequestLimits, max_bytes=CONFIG.max_body_bytes,
     content_types={"/classify": "multipart/form-data", "/predict": "application/json"},

@@ -299,3 +299,32 @@ def test_not_ready_when_it_must_not_serve(fault, exported, without_onnx, tmp_pat
         assert srv.proc.poll() is None, "stays up and says why instead of crash-looping"
     finally:
         srv.stop()
+
+
+def test_api_keys_gate_everything_but_the_probes_and_the_page(exported, tmp_path):
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_API_KEYS="k1-secret, k2-secret") as srv:
+        srv.wait_ready()
+        image = png_bytes(digit_images(1)[0][0])
+        refused = classify(srv.url, image)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+        assert "Authorization: Bearer" in refused.json()["error"]
+        wrong = httpx.post(f"{srv.url}/classify", files={"image": ("a.png", image)},
+                           headers={"authorization": "Bearer k1-secreT"}, timeout=30)
+        assert wrong.status_code == 401
+        for key in ("k1-secret", "k2-secret"):
+            ok = httpx.post(f"{srv.url}/classify", files={"image": ("a.png", image)},
+                            headers={"authorization": f"Bearer {key}"}, timeout=30)
+            assert ok.status_code == 200, ok.text
+        for path in ("/info", "/metrics", "/docs.json"):
+            assert httpx.get(f"{srv.url}{path}", timeout=10).status_code == 401, path
+        assert srv.status("/readyz") == 200 and srv.status("/livez") == 200
+        page = httpx.get(f"{srv.url}/", timeout=10)
+        assert page.status_code == 200 and "API key" in page.text
+        assert "k1-secret" not in srv.log.read_text()
+
+
+def test_the_page_is_sent_with_a_content_security_policy(server):
+    page = httpx.get(f"{server.url}/", timeout=10)
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy and "script-src 'sha256-" in policy
+    assert page.headers["x-content-type-options"] == "nosniff" and page.headers["x-frame-options"] == "DENY"
