@@ -64,6 +64,8 @@ class ServeConfig:
     """a request not answered by then gets 504; BentoML keeps each request's context this long (~4 KB)"""
     max_concurrency: int = _setting("HANDOFF_MAX_CONCURRENCY", 256, _env_int)
     """requests in progress at once; more are answered 429 at once instead of queueing into timeouts"""
+    body_timeout_s: int = _setting("HANDOFF_BODY_TIMEOUT_S", 10, _env_int)
+    """an upload not complete by then gets 408: a stalled client holds a reading slot this long at most"""
     max_body_mb: int = _setting("HANDOFF_MAX_BODY_MB", 20, _env_int)
     max_pixels: int = _setting("HANDOFF_MAX_PIXELS", 40_000_000, _env_int)
     """decompression-bomb guard: larger images are refused before decoding"""
@@ -72,7 +74,8 @@ class ServeConfig:
         for name, value, least in (("HANDOFF_MAX_BATCH_SIZE", self.max_batch_size, 2),
                                    ("HANDOFF_TIMEOUT_S", self.timeout_s, 1),
                                    ("HANDOFF_MAX_CONCURRENCY", self.max_concurrency, 1),
-                                   ("HANDOFF_WORKERS", self.workers, 1)):
+                                   ("HANDOFF_WORKERS", self.workers, 1),
+                                   ("HANDOFF_BODY_TIMEOUT_S", self.body_timeout_s, 1)):
             if value < least:
                 raise ValueError(f"{name}={value}: must be at least {least}")
         if self.model_sha256 is not None and len(self.model_sha256) != 64:

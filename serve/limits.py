@@ -1,11 +1,17 @@
 """An ASGI middleware that checks POST requests before BentoML reads them: 413 for a body over the limit
 (declared or counted), 415 for a wrong content type, 400 for wrong multipart fields (BentoML itself
-answers a malformed form with 500)."""
+answers a malformed form with 500), 408 for a body that does not arrive in time.
+
+It also owns the limit on requests in progress (429 past it), and takes a slot only once the whole body is
+in: a client that opens many uploads and stalls them (one byte, then nothing) holds reading slots for at
+most the body deadline, never the slots the model's requests need."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Awaitable, Callable
+
+import anyio
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -34,6 +40,7 @@ def _replay(body: bytes) -> Receive:
 
 
 _MAX_DIGITS = 6
+READING_PER_SLOT = 4
 
 
 def _small_integer(value: object) -> bool:
@@ -71,9 +78,14 @@ async def _form_problem(scope: Scope, body: bytes, fields: dict[str, str]) -> st
 
 class RequestLimits:
     def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int, content_types: dict[str, str],
-                 form_fields: dict[str, dict[str, str]]) -> None:
+                 form_fields: dict[str, dict[str, str]], max_concurrency: int, body_timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.body_timeout_s = body_timeout_s
+        self.processing = anyio.Semaphore(max_concurrency)  # requests whose body is in, being answered
+        # Uploads still arriving: cheap while they stall (a socket, a few bytes), and each lasts at most the
+        # deadline, so more of them than of requests in progress may wait at once.
+        self.reading = anyio.Semaphore(READING_PER_SLOT * max_concurrency)
         self.content_types = content_types  # route -> the one media type it accepts
         self.form_fields = form_fields  # route -> {field: "file" | "integer" | "text"} of its multipart form
 
@@ -91,20 +103,37 @@ class RequestLimits:
         sent = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if expected and sent != expected:
             return await _json_error(send, 415, f"{scope['path']} takes {expected}, not {sent or 'a body without a type'}")
-        # Read the body once (chunked bodies declare no length, so it is counted), check it, replay it.
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > self.max_bytes:
-                return await self._refuse(send)
-        body = b"".join(chunks)
+        if self.reading.value == 0:
+            return await _json_error(send, 429, "too many uploads in progress; retry shortly")
+        async with self.reading:
+            with anyio.move_on_after(self.body_timeout_s) as deadline:
+                body = await self._read_body(receive)
+        if deadline.cancelled_caught:
+            return await _json_error(send, 408, f"the request body did not arrive within {self.body_timeout_s:g} s")
+        if body is None:
+            return  # the client left
+        if len(body) > self.max_bytes:
+            return await self._refuse(send)
         fields = self.form_fields.get(scope["path"])
         problem = await _form_problem(scope, body, fields) if fields else None
         if problem:
             return await _json_error(send, 400, problem)
-        await self.app(scope, _replay(body), send)
+        if self.processing.value == 0:
+            return await _json_error(send, 429, "too many requests in progress; retry with backoff")
+        async with self.processing:
+            await self.app(scope, _replay(body), send)
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body (chunked bodies declare no length, so it is counted); None if the client left.
+        Stops early past the limit: the caller answers 413 for any body longer than max_bytes."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                break
+        return b"".join(chunks)

@@ -34,6 +34,7 @@ from serve.auth import ApiKeyGate
 from serve.batching import ModelBatcher
 from serve.config import ServeConfig
 from serve.limits import RequestLimits
+from serve.metrics_labels import bound_metric_labels
 from serve.page import PAGE, PAGE_HEADERS
 from serve.preprocess import BadImage, Preprocessor
 from serve.runtime import RUNTIME_ARTIFACTS, RuntimeUnavailable, load_runtime, softmax
@@ -81,8 +82,8 @@ info_app = Starlette(routes=[Route("/", _get_page, methods=["GET"]), Route("/inf
 
 
 @bentoml.asgi_app(info_app, path="/")
-@bentoml.service(name="handoff", workers=CONFIG.workers,
-                 traffic={"timeout": CONFIG.timeout_s, "max_concurrency": CONFIG.max_concurrency})
+# No BentoML max_concurrency: its slot is taken before the body is read; serve/limits.py takes its own after.
+@bentoml.service(name="handoff", workers=CONFIG.workers, traffic={"timeout": CONFIG.timeout_s})
 class HandoffClassifier:
     # Referenced at class level so `bentoml build` packs the model; not used when HANDOFF_MODEL_DIR is set.
     bento_model = None if CONFIG.model_dir else bentoml.models.BentoModel(f"{CONFIG.model_name}:latest")
@@ -205,8 +206,11 @@ def _form_fields(api: Any) -> dict[str, str]:
 
 
 HandoffClassifier.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys)
+bound_metric_labels({"/", "/info", "/docs.json", "/metrics", "/livez", "/readyz", "/healthz",
+                     *(f"/{name}" for name in HandoffClassifier.apis)})
 HandoffClassifier.add_asgi_middleware(
     RequestLimits, max_bytes=CONFIG.max_body_bytes,
     content_types={"/classify": "multipart/form-data", "/predict": "application/json"},
     form_fields={"/classify": _form_fields(HandoffClassifier.apis["classify"])},
+    max_concurrency=CONFIG.max_concurrency, body_timeout_s=CONFIG.body_timeout_s,
 )

@@ -328,3 +328,46 @@ def test_the_page_is_sent_with_a_content_security_policy(server):
     policy = page.headers["content-security-policy"]
     assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy and "script-src 'sha256-" in policy
     assert page.headers["x-content-type-options"] == "nosniff" and page.headers["x-frame-options"] == "DENY"
+
+
+def test_stalled_uploads_do_not_lock_the_service(exported, tmp_path):
+    """Clients that announce a body and send one byte of it hold no request slot: good requests and GETs are
+    answered meanwhile, and each stalled upload gets 408 once the body deadline passes."""
+    import socket
+    import time
+
+    stalled_count = 20
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_MAX_CONCURRENCY="8",
+                HANDOFF_BODY_TIMEOUT_S="3") as srv:
+        srv.wait_ready()
+        stalled = []
+        for _ in range(stalled_count):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                      b"Content-Length: 100\r\n\r\n-")
+            stalled.append(s)
+        started = time.monotonic()
+        good = classify(srv.url, png_bytes(digit_images(1)[0][0]))
+        assert good.status_code == 200, good.text
+        assert httpx.get(f"{srv.url}/info", timeout=10).status_code == 200 and srv.status("/readyz") == 200
+        assert time.monotonic() - started < 3, "answered while the uploads stall, not after they time out"
+        answers = []
+        for s in stalled:
+            answers.append(s.recv(4096).split(b"\r\n", 1)[0])
+            s.close()
+        assert answers == [b"HTTP/1.1 408 Request Timeout"] * stalled_count, answers[:3]
+
+
+def test_unknown_paths_do_not_grow_the_metrics(server):
+    def series() -> int:
+        return sum(1 for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines()
+                   if line and not line.startswith("#"))
+
+    for i in range(3):
+        assert httpx.get(f"{server.url}/junk{i}", timeout=10).status_code == 404
+    before = series()
+    for i in range(100):
+        assert httpx.get(f"{server.url}/{str(i) * 3000}", timeout=10).status_code == 404
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert series() == before and "0" * 100 not in text and len(text) < 100_000
+    assert 'endpoint="/classify"' in text, "known endpoints keep their own series"
