@@ -14,6 +14,7 @@ the good ones batched with it.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import typing
 from http import HTTPStatus
@@ -91,6 +92,9 @@ class HandoffClassifier:
     def __init__(self) -> None:
         self.not_ready: str | None = None
         self.batcher: ModelBatcher | None = None
+        # Decoding is CPU-bound and a large image takes hundreds of MB while it is decoded: one per core at a
+        # time bounds both (BentoML's default thread pool would decode 40 at once).
+        self.decoders = anyio.CapacityLimiter(os.cpu_count() or 1)
         started = time.monotonic()
         try:
             self._load()
@@ -136,7 +140,7 @@ class HandoffClassifier:
         self._require_ready()
         if not 1 <= top_k <= 1000:
             raise RequestError(f"top_k={top_k}: must be between 1 and 1000")
-        array = await anyio.to_thread.run_sync(self._prepare, image)
+        array = await anyio.to_thread.run_sync(self._prepare, image, limiter=self.decoders)
         probabilities = softmax(await self._logits(array[None]))[0]
         order = np.argsort(-probabilities)[: min(top_k, len(self.classes))]
         return {"predictions": [{"label": self.classes[i], "index": int(i), "probability": float(probabilities[i])}

@@ -371,3 +371,49 @@ def test_unknown_paths_do_not_grow_the_metrics(server):
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert series() == before and "0" * 100 not in text and len(text) < 100_000
     assert 'endpoint="/classify"' in text, "known endpoints keep their own series"
+
+
+def test_grayscale_and_16_bit_uploads_see_the_pixels_torchvision_sees():
+    """Grayscale stays one channel until after the resize; 16-bit is scaled (x // 257), not clipped."""
+    from sklearn.datasets import load_sample_images
+
+    gray = Image.fromarray(load_sample_images().images[0]).convert("L")
+    spec = {"resize": 64, "crop": 56, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
+            "interpolation": "bicubic", "channels": 3}
+    ours = Preprocessor.from_manifest(spec, max_pixels=10**9)
+    theirs = eval_transform(Preprocessing(crop=56, resize=64, interpolation="bicubic"))
+    expected = theirs(gray.convert("RGB")).numpy()
+    np.testing.assert_array_equal(ours(ours.decode(png_bytes(gray))), expected)
+    sixteen = Image.fromarray(np.asarray(gray, dtype=np.uint16) * 257)
+    np.testing.assert_array_equal(ours(ours.decode(png_bytes(sixteen))), expected)
+
+
+def test_huge_16_bit_uploads_are_decoded_a_few_at_a_time(server):
+    """A 90 KB PNG of 6300 x 6300 16-bit pixels: eight at once used to take 3.8 GB (the default thread pool
+    decoded them all together, through 32-bit copies); decoding is now one per core, through narrow copies."""
+    import psutil
+    import threading
+
+    data = png_bytes(Image.fromarray(np.full((6300, 6300), 1000, dtype=np.uint16)))
+    worker = psutil.Process(server.proc.pid)
+
+    def rss() -> int:
+        return sum(p.memory_info().rss for p in [worker, *worker.children(recursive=True)])
+
+    base, peak, done = rss(), [0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            done.wait(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        statuses = [r.status_code for r in pool.map(lambda _: classify(server.url, data, "big.png"), range(8))]
+    done.set()
+    watcher.join()
+    growth_mb = (peak[0] - base) / 1e6
+    print(f"\n8 concurrent 6300x6300 16-bit PNGs: peak +{growth_mb:.0f} MB")
+    assert statuses == [200] * 8
+    assert growth_mb < 1500, f"peak memory grew by {growth_mb:.0f} MB"
