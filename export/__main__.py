@@ -1,4 +1,4 @@
-"""Export a checkpoint to TorchScript, ONNX and safetensors, and prove numerical parity.
+"""Export a checkpoint to ONNX, torch.export (pt2), TorchScript and safetensors, and prove numerical parity.
 
     python -m export runs/demo/last.pt                       # a handoff checkpoint: no flags needed
     python -m export model_best.pth.tar                      # the ImageNet example's checkpoint (arch inside)
@@ -32,10 +32,14 @@ import torch
 
 from export import bento
 from export.architecture import load_weights, resolve_model
-from export.exporters import check_eval_mode, export_onnx, export_safetensors, export_torchscript
+from export.exporters import (
+    check_eval_mode, export_aoti, export_onnx, export_pt2, export_safetensors, export_torchscript,
+)
 from export.inputs import parity_inputs
+from export.int8 import quantize, report_dict
 from export.manifest import (
-    FORMATS, MANIFEST, MANIFEST_FORMAT, ONNX, SAFETENSORS, TORCHSCRIPT, ManifestError, describe_artifacts,
+    AOTI, DEFAULT_FORMATS, FORMATS, MANIFEST, MANIFEST_FORMAT, ONNX, ONNX_INT8, PT2, SAFETENSORS, TORCHSCRIPT, ManifestError,
+    describe_artifacts,
     embedded_fields, is_export_folder, read_manifest, write_manifest,
 )
 from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_precision, run_parity
@@ -75,8 +79,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     write = p.add_argument_group("what to write")
     write.add_argument("--out", type=Path, default=None, help="export folder (default: beside the checkpoint, "
                        "<checkpoint name>.export)")
-    write.add_argument("--formats", default="onnx,torchscript,safetensors", help="comma-separated subset of "
-                       + ",".join(FORMATS) + " (default: all)")
+    write.add_argument("--formats", default=",".join(DEFAULT_FORMATS), help="comma-separated subset of "
+                       + ",".join(FORMATS) + f" (default: {','.join(DEFAULT_FORMATS)}). onnx: what the service runs; "
+                       "pt2: torch.export, for torch users (torch.export.load); aoti: compiled ahead of time (C++, "
+                       "~30 s, opt-in); torchscript: deprecated upstream, kept for stacks that still load it")
     write.add_argument("--fp16", action="store_true", help="export half-precision artifacts, checked with fp16 "
                        "tolerances (default: fp32)")
     write.add_argument("--name", default=bento.DEFAULT_NAME, help="model name in the BentoML model store "
@@ -88,6 +94,12 @@ def get_args_parser() -> argparse.ArgumentParser:
                        "reference runs; auto: CUDA when present (default: auto)")
     check.add_argument("--samples", type=Path, default=None, help="folder of real images for the parity check "
                        "(default: the training data when the checkpoint names it, else scikit-learn's sample photos)")
+    check.add_argument("--int8", action="store_true", help="also write model.int8.onnx: ONNX Runtime's static "
+                       "INT8 quantization (QDQ, per-channel), calibrated on the training data the checkpoint names "
+                       "(else --samples), kept only if accuracy holds (see --max-accuracy-drop)")
+    check.add_argument("--max-accuracy-drop", type=float, default=1.0, help="INT8: the most top-1 it may lose, in "
+                       "percentage points, on the validation set (or in agreement with fp32); past it, exit 3 and "
+                       "the INT8 artifact is marked failed and never served (default: 1.0)")
     check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-4, fp16 5e-2)")
     check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: 1e-3, fp16 5e-2)")
     return p
@@ -109,7 +121,13 @@ def _formats(value: str) -> list[str]:
     return formats
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
+def _check_numbers(args: argparse.Namespace, formats: list[str]) -> None:
+    if args.int8 and "onnx" not in formats:
+        raise ValueError("--int8 quantizes the ONNX model: keep onnx in --formats")
+    if args.int8 and args.fp16:
+        raise ValueError("--int8 and --fp16: choose one precision")
+    if args.max_accuracy_drop < 0:
+        raise ValueError(f"--max-accuracy-drop={args.max_accuracy_drop}: 0 or more percentage points")
     if args.image_size is not None:
         check_image_size(args.image_size)
     for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
@@ -145,7 +163,7 @@ def export(args: argparse.Namespace) -> int:
     started = time.monotonic()
     timings: dict[str, float] = {}
     formats = _formats(args.formats)
-    _check_numbers(args)
+    _check_numbers(args, formats)
     device = _device(args.device)
     labels = _labels(args.labels)
     with _timed(timings, "load"):
@@ -193,7 +211,13 @@ def export(args: argparse.Namespace) -> int:
     seconds = time.monotonic() - started
     if status != EXIT_OK:
         print("\n".join(manifest["parity"]["summary"]), file=sys.stderr)
-        print(f"export: parity FAILED; {out} is marked failed (manifest status) and was not registered", file=sys.stderr)
+        if manifest["parity"]["pass"]:
+            print(f"export: the INT8 accuracy gate FAILED; {ONNX_INT8} in {out} is marked failed and will not be served; "
+                  "the export was not registered (rerun without --int8, or allow a larger --max-accuracy-drop)",
+                  file=sys.stderr)
+        else:
+            print(f"export: parity FAILED; {out} is marked failed (manifest status) and was not registered",
+                  file=sys.stderr)
         return status
     if manifest["status"] == "not checked":
         print(f"exported {spec.arch} weights to {out} in {seconds:.1f}s; parity NOT CHECKED (no format that computes: "
@@ -217,8 +241,14 @@ def _write_and_check(model, spec, src, args, formats, device, manifest, folder: 
         if "onnx" in formats:
             with _timed(timings, "onnx"):
                 exported["onnx"] = export_onnx(artifact_model, example_typed, folder / ONNX, embedded_fields(manifest))
+        fields = {k: manifest[k] for k in manifest if k not in ("source", "timings")}
+        if "pt2" in formats:
+            with _timed(timings, "pt2"):
+                exported["pt2"] = export_pt2(artifact_model, example_typed, folder / PT2, fields)
+        if "aoti" in formats:
+            with _timed(timings, "aoti"):
+                exported["aoti"] = export_aoti(artifact_model, example_typed, folder / AOTI)
         if "torchscript" in formats:
-            fields = {k: manifest[k] for k in manifest if k not in ("source", "timings")}
             with _timed(timings, "torchscript"):
                 exported["torchscript"] = export_torchscript(artifact_model, example_typed, folder / TORCHSCRIPT, fields)
         if "safetensors" in formats:
@@ -233,14 +263,24 @@ def _write_and_check(model, spec, src, args, formats, device, manifest, folder: 
                     args.rtol if args.rtol is not None else tol_default.rtol, tol_default.min_top1)
     with _timed(timings, "parity"):
         inputs, described = parity_inputs(pre, (src.meta or {}).get("data"), args.samples)
-        results = run_parity(model, folder, inputs, formats, device, args.fp16, tol) if {"onnx", "torchscript"} & set(formats) else []
+        results = run_parity(model, folder, inputs, formats, device, args.fp16, tol) if set(formats) - {"safetensors"} else []
     manifest["parity"] = parity_report(results, device, args.fp16, tol, precision, len(inputs), described)
+    int8_passed = True
+    if args.int8 and manifest["parity"]["pass"]:
+        with _timed(timings, "int8"):
+            report = quantize(folder / ONNX, folder / ONNX_INT8, pre, (src.meta or {}).get("data"), args.samples,
+                              args.max_accuracy_drop)
+        manifest["int8"] = {"artifact": ONNX_INT8, "method": "ONNX Runtime static quantization, QDQ, per-channel "
+                            "weights (S8), activations U8", **report_dict(report)}
+        manifest["parity"]["summary"].append(report.line())
+        exported["int8"] = {"files": [ONNX_INT8]}
+        int8_passed = report.passed
     manifest["artifacts"] = describe_artifacts(folder, [f for e in exported.values() for f in e["files"]])
     manifest["versions"] = _versions()
     verdict = manifest["parity"]["pass"]
     manifest["status"] = {True: "passed", False: "failed", None: "not checked"}[verdict]
     write_manifest(folder, manifest)
-    return EXIT_PARITY if verdict is False else EXIT_OK
+    return EXIT_PARITY if verdict is False or not int8_passed else EXIT_OK
 
 
 def _check_out(out: Path, checkpoint: Path) -> None:

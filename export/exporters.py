@@ -1,4 +1,6 @@
-"""Write the artifacts: ONNX (torch.export-based exporter), TorchScript (trace, checked), safetensors."""
+"""Write the artifacts: ONNX (torch.export-based exporter), torch.export's ExportedProgram (`model.pt2`),
+an AOTInductor package (opt-in), TorchScript (trace, checked; deprecated upstream, kept for stacks that
+still load it), safetensors."""
 
 from __future__ import annotations
 
@@ -44,6 +46,31 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, metadata: d
     onnx.checker.check_model(str(path), full_check=True)
     files = [path.name] + ([ONNX_DATA] if external and (path.parent / ONNX_DATA).exists() else [])
     return {"opset": OPSET, "external_data": external, "files": files}
+
+
+def _dynamic_batch_program(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
+    assert example.shape[0] >= 2, "export with batch >= 2 so the batch axis stays dynamic"
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    return torch.export.export(model, (example,), dynamic_shapes=({0: batch},), strict=False)
+
+
+def export_pt2(model: nn.Module, example: torch.Tensor, path: Path, manifest_fields: dict) -> dict:
+    """torch.export's ExportedProgram, loadable with `torch.export.load(path).module()` and torch alone."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = _dynamic_batch_program(model, example)
+    torch.export.save(program, str(path), extra_files={"manifest.json": json.dumps(manifest_fields)})
+    return {"files": [path.name]}
+
+
+def export_aoti(model: nn.Module, example: torch.Tensor, path: Path) -> dict:
+    """An AOTInductor package: the model compiled ahead of time to a shared library (C++ compiler needed),
+    loadable with `torch._inductor.aoti_load_package(path)`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = _dynamic_batch_program(model, example)
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    return {"files": [path.name]}
 
 
 def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path, manifest_fields: dict) -> dict:

@@ -17,12 +17,22 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
 
 
+def load_images(files: list[Path]) -> list[Image.Image]:
+    return [Image.open(p).convert("RGB") for p in files]
+
+
+def eval_transform_of(preprocess: dict[str, Any]) -> Any:
+    """The torchvision evaluation transform a manifest's `preprocess` block describes."""
+    return eval_transform(Preprocessing(**{**preprocess, "mean": tuple(preprocess["mean"]),
+                                           "std": tuple(preprocess["std"])}))
+
+
 def _real_images(data: str | None, samples: Path | None, limit: int) -> tuple[list[Image.Image], str]:
     if samples is not None:
         files = sorted(p for p in samples.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
         if not files:
             raise ValueError(f"--samples={samples}: no images found (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
-        return [Image.open(p).convert("RGB") for p in files], str(samples)
+        return load_images(files), str(samples)
     if data == EMBEDDED_DIGITS:
         from train.data import digits_split
 
@@ -37,8 +47,7 @@ def _real_images(data: str | None, samples: Path | None, limit: int) -> tuple[li
 
 def parity_inputs(preprocess: dict[str, Any], data: str | None, samples: Path | None,
                   real: int = 16, random: int = 16, seed: int = 0) -> tuple[torch.Tensor, str]:
-    transform = eval_transform(Preprocessing(**{**preprocess, "mean": tuple(preprocess["mean"]),
-                                                 "std": tuple(preprocess["std"])}))
+    transform = eval_transform_of(preprocess)
     images, origin = _real_images(data, samples, real)
     real_batch = torch.stack([transform(img) for img in images])
     generator = torch.Generator().manual_seed(seed)

@@ -16,7 +16,9 @@ from typing import Any
 MANIFEST_FORMAT = "handoff.manifest/1"
 MANIFEST = "manifest.json"
 ONNX, ONNX_DATA, TORCHSCRIPT, SAFETENSORS = "model.onnx", "model.onnx.data", "model.torchscript.pt", "model.safetensors"
-FORMATS = {"onnx": ONNX, "torchscript": TORCHSCRIPT, "safetensors": SAFETENSORS}
+PT2, AOTI, ONNX_INT8 = "model.pt2", "model.aoti.pt2", "model.int8.onnx"
+FORMATS = {"onnx": ONNX, "pt2": PT2, "aoti": AOTI, "torchscript": TORCHSCRIPT, "safetensors": SAFETENSORS}
+DEFAULT_FORMATS = ("onnx", "pt2", "torchscript", "safetensors")  # aoti is opt-in: it compiles C++ (~30 s)
 # The manifest fields the ONNX file carries too (its metadata_props), so it describes itself alone.
 EMBEDDED_FIELDS = ("format", "arch", "num_classes", "classes", "input", "preprocess")
 

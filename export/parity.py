@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from export.manifest import ONNX, TORCHSCRIPT
+from export.manifest import AOTI, ONNX, PT2, TORCHSCRIPT
 from export.ort_cuda import preload_cuda_libraries
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,10 @@ def _onnx_session(path: Path, provider: str, device_index: int) -> Any:
     return session
 
 
+def _load_aoti(path: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    return torch._inductor.aoti_load_package(path)
+
+
 def run_parity(model: nn.Module, folder: Path, inputs: torch.Tensor, formats: list[str], device: torch.device,
                fp16: bool, tol: Tolerance) -> list[Comparison]:
     """Compare every artifact in `folder` with the eager fp32 `model` on `device`."""
@@ -104,6 +108,20 @@ def run_parity(model: nn.Module, folder: Path, inputs: torch.Tensor, formats: li
             dev = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
             runners.append((ONNX, "onnxruntime", provider, dev,
                             lambda b, s=session: s.run(None, {"input": b.to(feed_dtype).numpy()})[0]))
+    for name, artifact, runtime, load in (("pt2", PT2, "torch.export", lambda p: torch.export.load(p).module()),
+                                          ("aoti", AOTI, "aotinductor", _load_aoti)):
+        if name in formats:
+            loaded = load(str(folder / artifact))
+            # The AOTI package is compiled for the CPU here; the ExportedProgram runs where the reference does.
+            where = device if name == "pt2" else torch.device("cpu")
+            if name == "pt2":
+                loaded = loaded.to(where)
+
+            def run_loaded(b: torch.Tensor, m=loaded, where=where) -> np.ndarray:
+                with torch.inference_mode():
+                    return m(b.to(where, feed_dtype)).float().cpu().numpy()
+
+            runners.append((artifact, runtime, "torch", where.type, run_loaded))
     if "torchscript" in formats:
         scripted = torch.jit.load(str(folder / TORCHSCRIPT), map_location=device).eval()
 

@@ -44,6 +44,8 @@ class ServeConfig:
     """sha256 of the export's manifest.json: pins the (unsigned) manifest, and through its hashes every artifact"""
     runtime: str = _setting("HANDOFF_RUNTIME", "onnx")
     """onnx | torchscript"""
+    precision: str = _setting("HANDOFF_PRECISION", "fp32")
+    """fp32 | int8 (the export's model.int8.onnx, only where it passed its accuracy gate)"""
     device: str = _setting("HANDOFF_DEVICE", "auto")
     """auto | cpu | cuda; cuda that cannot be had keeps the service not-ready"""
     tensorrt: str | None = _setting("HANDOFF_TENSORRT", None)

@@ -15,13 +15,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from export.manifest import ONNX, ONNX_DATA, TORCHSCRIPT, read_artifact
+from export.manifest import ONNX, ONNX_DATA, ONNX_INT8, TORCHSCRIPT, read_artifact
 from export.ort_cuda import gpu_present, preload_cuda_libraries
 
 log = logging.getLogger("bentoml.handoff.runtime")
 
-RUNTIME_ARTIFACTS = {"onnx": ONNX, "torchscript": TORCHSCRIPT}  # the file each runtime loads
+RUNTIME_ARTIFACTS = {"onnx": ONNX, "torchscript": TORCHSCRIPT}  # the file each runtime loads at fp32
 RUNTIMES = tuple(RUNTIME_ARTIFACTS)
+PRECISIONS = ("fp32", "int8")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -116,19 +117,37 @@ def _first_line(err: Exception) -> str:
     return (text.splitlines()[-1] if text else type(err).__name__)[:200]
 
 
-def load_runtime(kind: str, folder: Path, manifest: dict[str, Any], device: str,
-                 tensorrt_cache: str | None = None) -> Runtime:
-    """The runtime `kind` on `device`, built from the manifest-verified bytes of its artifact;
-    `tensorrt_cache` set: ONNX Runtime tries TensorRT first, keeping its engines there."""
+def runtime_artifact(kind: str, precision: str, manifest: dict[str, Any]) -> str:
+    """The file to serve for this runtime and precision; INT8 only where it passed its accuracy gate."""
     if kind not in RUNTIMES:
         raise RuntimeUnavailable(f"HANDOFF_RUNTIME={kind!r}: choose one of {', '.join(RUNTIMES)}")
+    if precision not in PRECISIONS:
+        raise RuntimeUnavailable(f"HANDOFF_PRECISION={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return RUNTIME_ARTIFACTS[kind]
+    int8 = manifest.get("int8")
+    if kind != "onnx":
+        raise RuntimeUnavailable("HANDOFF_PRECISION=int8 is served by ONNX Runtime only: use HANDOFF_RUNTIME=onnx")
+    if not int8:
+        raise RuntimeUnavailable("HANDOFF_PRECISION=int8 but this export has no INT8 artifact (export with --int8)")
+    if not int8.get("passed"):
+        raise RuntimeUnavailable(f"HANDOFF_PRECISION=int8 but {ONNX_INT8} failed its accuracy gate "
+                                 f"(drop {int8.get('drop')} points, allowed {int8.get('max_drop')})")
+    return ONNX_INT8
+
+
+def load_runtime(kind: str, folder: Path, manifest: dict[str, Any], device: str, precision: str = "fp32",
+                 tensorrt_cache: str | None = None) -> Runtime:
+    """The runtime `kind` on `device` at `precision`, built from the manifest-verified bytes of its artifact;
+    `tensorrt_cache` set: ONNX Runtime tries TensorRT first, keeping its engines there."""
     if device not in DEVICES:
         raise RuntimeUnavailable(f"HANDOFF_DEVICE={device!r}: choose one of {', '.join(DEVICES)}")
-    model = read_artifact(folder, manifest, RUNTIME_ARTIFACTS[kind])
+    artifact = runtime_artifact(kind, precision, manifest)
+    model = read_artifact(folder, manifest, artifact)
     dtype = manifest["input"]["dtype"]
     runtime: Runtime
     if kind == "onnx":
-        external = (manifest.get("onnx") or {}).get("external_data")
+        external = (manifest.get("onnx") or {}).get("external_data") and artifact == ONNX
         runtime = OnnxRuntime(model, read_artifact(folder, manifest, ONNX_DATA) if external else None, device, dtype,
                               tensorrt_cache)
     else:

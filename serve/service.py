@@ -38,7 +38,7 @@ from serve.limits import RequestLimits
 from serve.metrics_labels import bound_metric_labels
 from serve.page import PAGE, PAGE_HEADERS
 from serve.preprocess import BadImage, Preprocessor
-from serve.runtime import RUNTIME_ARTIFACTS, RuntimeUnavailable, load_runtime, softmax
+from serve.runtime import RuntimeUnavailable, load_runtime, runtime_artifact, softmax
 
 log = logging.getLogger("bentoml.handoff")  # under "bentoml", so `bentoml serve` shows it
 CONFIG = ServeConfig()
@@ -113,9 +113,9 @@ class HandoffClassifier:
         self.folder = CONFIG.locate_model()
         self.manifest = read_manifest(self.folder, CONFIG.model_sha256)
         # Served only from bytes checked against the manifest: a tampered, missing or unlisted file is refused.
-        self.runtime = load_runtime(CONFIG.runtime, self.folder, self.manifest, CONFIG.device,
+        self.runtime = load_runtime(CONFIG.runtime, self.folder, self.manifest, CONFIG.device, CONFIG.precision,
                                     CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None)
-        self.runtime_artifact = RUNTIME_ARTIFACTS[CONFIG.runtime]
+        self.runtime_artifact = runtime_artifact(CONFIG.runtime, CONFIG.precision, self.manifest)
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
         self.classes = self.manifest["classes"]
@@ -196,6 +196,7 @@ class HandoffClassifier:
                       "sha256": m["artifacts"][self.runtime_artifact]["sha256"],
                       "folder": str(self.folder) if CONFIG.show_paths else self.folder.name},
             "runtime": self.runtime.name,
+            "precision": CONFIG.precision,
             "provider": self.runtime.provider,
             "device": self.runtime.device,
             "batching": {"max_batch_size": CONFIG.max_batch_size, "max_latency_ms": CONFIG.max_latency_ms},

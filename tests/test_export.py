@@ -113,11 +113,11 @@ def test_trainer_checkpoint_end_to_end(tmp_path: Path, bento_home: Path):
     out = run_dir / "last.export"
     manifest = read_manifest(out)
     assert manifest["format"] == MANIFEST_FORMAT and manifest["classes"] == [str(i) for i in range(10)]
-    assert set(manifest["artifacts"]) == {"model.onnx", "model.torchscript.pt", "model.safetensors"}
+    assert set(manifest["artifacts"]) == {"model.onnx", "model.pt2", "model.torchscript.pt", "model.safetensors"}
     for name, info in manifest["artifacts"].items():
         assert sha256_file(out / name) == info["sha256"] and (out / name).stat().st_size == info["bytes"]
     runs = {(r["artifact"], r["provider"]) for r in manifest["parity"]["results"]}
-    assert runs == {("model.onnx", "CPUExecutionProvider"), ("model.torchscript.pt", "torch")}
+    assert runs == {("model.onnx", "CPUExecutionProvider"), ("model.pt2", "torch"), ("model.torchscript.pt", "torch")}
     assert manifest["parity"]["batch_sizes"] == [1, 2, 8]
     assert "digits validation images" in manifest["parity"]["inputs_described"]
     assert manifest["onnx"]["opset"] == 18
