@@ -38,6 +38,8 @@ bench: install
 	$(BIN)/python bench/serve_throughput.py --requests 300 --rounds 3
 	$(BIN)/python bench/export_time.py
 	$(BIN)/python bench/trainer_overhead.py --rounds 2
+	$(BIN)/python bench/int8_serving.py --requests 300 --rounds 3
+	$(BIN)/python bench/cpu_formats.py --rounds 5
 	$(BIN)/python -m bench.results
 
 clean:

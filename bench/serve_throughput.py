@@ -50,7 +50,7 @@ def assert_provider(side: str, providers: list[str], device: str) -> None:
                          "the comparison would not be like with like")
 
 
-def make_model(folder: Path) -> Path:
+def make_model(folder: Path, *export_flags: str) -> Path:
     import torch
     import torchvision
 
@@ -58,8 +58,8 @@ def make_model(folder: Path) -> Path:
     ckpt = folder / "resnet18.pth"
     torch.save({"arch": "resnet18", "state_dict": torchvision.models.resnet18().state_dict()}, ckpt)
     out = folder / "resnet18.export"
-    subprocess.run([sys.executable, "-m", "export", str(ckpt), "--formats", "onnx", "--out", str(out), "--no-bento"],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "export", str(ckpt), "--formats", "onnx", "--out", str(out), "--no-bento",
+                    *export_flags], cwd=ROOT, check=True, capture_output=True)
     return out
 
 
@@ -79,12 +79,13 @@ def make_jpegs(count: int = 32) -> list[bytes]:
     return out
 
 
-def measure_limit(folder: Path, jpegs: list[bytes], device: str, seconds: float = 6.0) -> dict:
+def measure_limit(folder: Path, jpegs: list[bytes], device: str, seconds: float = 6.0,
+                  model_file: str = "model.onnx") -> dict:
     import onnxruntime as ort
 
     manifest = json.loads((folder / "manifest.json").read_text())
     pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
-    session = ort.InferenceSession(str(folder / "model.onnx"), providers=onnx_providers(device))
+    session = ort.InferenceSession(str(folder / model_file), providers=onnx_providers(device))
     assert_provider("limit", session.get_providers(), device)
 
     def one_batch(batch: list[bytes]) -> None:
