@@ -36,7 +36,9 @@ def main() -> None:
     dataset = DigitsDataset(x_train, y_train, train_transform(Preprocessing(crop=32, resize=32), 0.5, 0.0))
     sampler = DistributedSampler(dataset, seed=0, drop_last=True)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
-    model = DistributedDataParallel(build_model("resnet18", 10, 32).to(device), device_ids=[device.index] if cuda else None)
+    model = DistributedDataParallel(
+        build_model("resnet18", 10, 32).to(device), device_ids=[device.index] if cuda else None
+    )
     lr = 0.1 * args.batch_size * dist.get_world_size() / 256
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
     criterion = nn.CrossEntropyLoss()

@@ -34,13 +34,13 @@ def resnet50_state(device: torch.device) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, 3, 64, 64, device=device)).sum().backward()
     optimizer.step()  # creates the momentum buffers
-    return {"format": "bench", "model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 1,
-            "step": 1}
+    return {"format": "bench", "model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 1, "step": 1}
 
 
 def state_bytes(state: dict) -> int:
     tensors = list(state["model"].values()) + [
-        t for s in state["optimizer"]["state"].values() for t in s.values() if isinstance(t, torch.Tensor)]
+        t for s in state["optimizer"]["state"].values() for t in s.values() if isinstance(t, torch.Tensor)
+    ]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -103,10 +103,18 @@ def main() -> int:
         print(f"  {key:<32} {value:6.1f} x")
     goal_met = ratios["sync_blocked_over_async_blocked"] >= 10
     print(f"goal: async blocks >= 10x less than sync: {'met' if goal_met else 'NOT met'}")
-    write_result("checkpoint_stall", {
-        "device": str(device), "state_mb": nbytes / 1e6, "rounds": args.rounds,
-        "median_seconds": median, "ratios": ratios, "goal": "sync_blocked / async_blocked >= 10", "goal_met": goal_met,
-    })
+    write_result(
+        "checkpoint_stall",
+        {
+            "device": str(device),
+            "state_mb": nbytes / 1e6,
+            "rounds": args.rounds,
+            "median_seconds": median,
+            "ratios": ratios,
+            "goal": "sync_blocked / async_blocked >= 10",
+            "goal_met": goal_met,
+        },
+    )
     return 0
 
 

@@ -44,10 +44,15 @@ def runners(folder: Path) -> dict:
         def run(x: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
                 return module(torch.from_numpy(x)).numpy()
+
         return run
 
-    return {"onnxruntime_fp32": onnx("model.onnx"), "onnxruntime_int8": onnx("model.int8.onnx"),
-            "aotinductor": torch_runner(aoti), "torch_export_eager": torch_runner(program)}
+    return {
+        "onnxruntime_fp32": onnx("model.onnx"),
+        "onnxruntime_int8": onnx("model.int8.onnx"),
+        "aotinductor": torch_runner(aoti),
+        "torch_export_eager": torch_runner(program),
+    }
 
 
 def main() -> int:
@@ -62,12 +67,13 @@ def main() -> int:
     for i, data in enumerate(make_jpegs(64)):
         (samples / f"{i:03d}.jpg").write_bytes(data)
     started = time.perf_counter()
-    folder = make_model(work, "--formats", "onnx,pt2,aoti", "--int8", "--samples", str(samples),
-                        "--max-accuracy-drop", "100")
+    folder = make_model(
+        work, "--formats", "onnx,pt2,aoti", "--int8", "--samples", str(samples), "--max-accuracy-drop", "100"
+    )
     print(f"export with AOTI compile and INT8: {time.perf_counter() - started:.0f} s")
     run = runners(folder)
     x = {b: np.random.default_rng(0).standard_normal((b, 3, 224, 224)).astype(np.float32) for b in BATCHES}
-    for name, fn in run.items():  # warm-up
+    for fn in run.values():  # warm-up
         for b in BATCHES:
             fn(x[b])
     rates: dict[str, dict[int, list[float]]] = {name: {b: [] for b in BATCHES} for name in run}
@@ -82,15 +88,24 @@ def main() -> int:
     medians = {name: {b: statistics.median(r) for b, r in by_b.items()} for name, by_b in rates.items()}
     for name, by_b in medians.items():
         print(f"{name:<20} " + "  ".join(f"batch {b}: {v:6.1f} images/s" for b, v in by_b.items()))
-    ratios = {f"{name}_over_onnxruntime_fp32_batch{b}": medians[name][b] / medians["onnxruntime_fp32"][b]
-              for name in run if name != "onnxruntime_fp32" for b in BATCHES}
+    ratios = {
+        f"{name}_over_onnxruntime_fp32_batch{b}": medians[name][b] / medians["onnxruntime_fp32"][b]
+        for name in run
+        if name != "onnxruntime_fp32"
+        for b in BATCHES
+    }
     for key, value in ratios.items():
         print(f"  {key:<44} {value:5.2f} x")
-    write_result("cpu_formats", folder=args.results_dir, figures={
-        "device": "cpu", "images_per_s_median": {n: {str(b): v for b, v in d.items()} for n, d in medians.items()},
-        "ratios": ratios,
-        "median_seconds": {f"{n}_batch{b}_per_image": 1 / v for n, d in medians.items() for b, v in d.items()},
-    })
+    write_result(
+        "cpu_formats",
+        folder=args.results_dir,
+        figures={
+            "device": "cpu",
+            "images_per_s_median": {n: {str(b): v for b, v in d.items()} for n, d in medians.items()},
+            "ratios": ratios,
+            "median_seconds": {f"{n}_batch{b}_per_image": 1 / v for n, d in medians.items() for b, v in d.items()},
+        },
+    )
     return 0
 
 

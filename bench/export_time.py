@@ -38,8 +38,12 @@ def main() -> int:
         model = torch.nn.DataParallel(torchvision.models.get_model(arch, weights=None))
         torch.save({"epoch": 90, "arch": arch, "state_dict": model.state_dict()}, ckpt)
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "export", str(ckpt), "--no-bento", "--device", args.device],
-                       cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "export", str(ckpt), "--no-bento", "--device", args.device],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
         wall = time.perf_counter() - started
         phases = json.loads((work / f"{arch}.pth.export" / "manifest.json").read_text())["timings"]
         total = sum(phases.values())
@@ -48,8 +52,10 @@ def main() -> int:
         figures["median_seconds"][f"{arch}_export"] = total
         for phase, seconds in phases.items():
             figures["ratios"][f"{arch}_{phase}_share"] = seconds / total
-        print(f"{arch}: wall {wall:.1f} s (export {total:.1f} s): "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
+        print(
+            f"{arch}: wall {wall:.1f} s (export {total:.1f} s): "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
+        )
     write_result(f"export_time_{args.device}", figures)
     return 0
 

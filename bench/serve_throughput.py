@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
 from serve.preprocess import Preprocessor  # noqa: E402
-from serve.runtime import onnx_providers  # noqa: E402
 from serve.process import BentoServer  # noqa: E402
+from serve.runtime import onnx_providers  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
 
@@ -46,8 +46,10 @@ EXPECTED_PROVIDER = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvid
 def assert_provider(side: str, providers: list[str], device: str) -> None:
     """A silent CPU fallback must not pass for a GPU figure: every side runs where it was asked to."""
     if providers[0] != EXPECTED_PROVIDER[device]:
-        raise SystemExit(f"{side}: ONNX Runtime runs on {providers[0]}, not {EXPECTED_PROVIDER[device]}; "
-                         "the comparison would not be like with like")
+        raise SystemExit(
+            f"{side}: ONNX Runtime runs on {providers[0]}, not {EXPECTED_PROVIDER[device]}; "
+            "the comparison would not be like with like"
+        )
 
 
 def make_model(folder: Path, *export_flags: str) -> Path:
@@ -58,8 +60,23 @@ def make_model(folder: Path, *export_flags: str) -> Path:
     ckpt = folder / "resnet18.pth"
     torch.save({"arch": "resnet18", "state_dict": torchvision.models.resnet18().state_dict()}, ckpt)
     out = folder / "resnet18.export"
-    subprocess.run([sys.executable, "-m", "export", str(ckpt), "--formats", "onnx", "--out", str(out), "--no-bento",
-                    *export_flags], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            str(ckpt),
+            "--formats",
+            "onnx",
+            "--out",
+            str(out),
+            "--no-bento",
+            *export_flags,
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -79,8 +96,9 @@ def make_jpegs(count: int = 32) -> list[bytes]:
     return out
 
 
-def measure_limit(folder: Path, jpegs: list[bytes], device: str, seconds: float = 6.0,
-                  model_file: str = "model.onnx") -> dict:
+def measure_limit(
+    folder: Path, jpegs: list[bytes], device: str, seconds: float = 6.0, model_file: str = "model.onnx"
+) -> dict:
     import onnxruntime as ort
 
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -119,7 +137,9 @@ async def load(url: str, jpegs: list[bytes], concurrency: int, requests: int) ->
         nonlocal errors
         for i in counter:
             t0 = time.perf_counter()
-            response = await client.post(f"{url}/classify", files={"image": ("photo.jpg", jpegs[i % len(jpegs)], "image/jpeg")})
+            response = await client.post(
+                f"{url}/classify", files={"image": ("photo.jpg", jpegs[i % len(jpegs)], "image/jpeg")}
+            )
             latencies.append(time.perf_counter() - t0)
             errors += response.status_code != 200
 
@@ -129,8 +149,12 @@ async def load(url: str, jpegs: list[bytes], concurrency: int, requests: int) ->
         started = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    return {"images_per_s": requests / elapsed, "p50_ms": 1000 * float(np.percentile(latencies, 50)),
-            "p99_ms": 1000 * float(np.percentile(latencies, 99)), "errors": errors}
+    return {
+        "images_per_s": requests / elapsed,
+        "p50_ms": 1000 * float(np.percentile(latencies, 50)),
+        "p99_ms": 1000 * float(np.percentile(latencies, 99)),
+        "errors": errors,
+    }
 
 
 def run_service(server: BentoServer, jpegs: list[bytes], requests: int, rounds: int) -> dict:
@@ -154,25 +178,39 @@ def main() -> int:
     folder = args.export or make_model(work)
     jpegs = make_jpegs()
     limit = measure_limit(folder, jpegs, args.device)
-    print(f"limit (in-process, best batch): {limit['images_per_s']:.1f} images/s; single image "
-          f"{limit['single_image_ms']:.1f} ms; by batch size {({k: round(v, 1) for k, v in limit['by_batch_size'].items()})}")
+    print(
+        f"limit (in-process, best batch): {limit['images_per_s']:.1f} images/s; single image "
+        f"{limit['single_image_ms']:.1f} ms; by batch size "
+        f"{ {k: round(v, 1) for k, v in limit['by_batch_size'].items()} }"
+    )
     services = {}
-    with BentoServer(work / "peer.log", target="service:PeerClassifier", cwd=ROOT / "bench" / "peer",
-                     PEER_MODEL_DIR=str(folder), PEER_DEVICE=args.device) as peer:
+    with BentoServer(
+        work / "peer.log",
+        target="service:PeerClassifier",
+        cwd=ROOT / "bench" / "peer",
+        PEER_MODEL_DIR=str(folder),
+        PEER_DEVICE=args.device,
+    ) as peer:
         services["peer"] = run_service(peer, jpegs, args.requests, args.rounds)
-        assert_provider("peer", [httpx.post(f"{peer.url}/provider", json={}, timeout=10).json()["provider"]], args.device)
+        assert_provider(
+            "peer", [httpx.post(f"{peer.url}/provider", json={}, timeout=10).json()["provider"]], args.device
+        )
     with BentoServer(work / "ours.log", HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=args.device) as ours:
         services["ours"] = run_service(ours, jpegs, args.requests, args.rounds)
         assert_provider("ours", [httpx.get(f"{ours.url}/info", timeout=10).json()["provider"]], args.device)
 
     ratios = {}
-    print(f"launch to /readyz 200: peer {services['peer']['ready_s']:.1f} s, ours {services['ours']['ready_s']:.1f} s "
-          f"(ours warms up every batch size first)")
+    print(
+        f"launch to /readyz 200: peer {services['peer']['ready_s']:.1f} s, ours {services['ours']['ready_s']:.1f} s "
+        f"(ours warms up every batch size first)"
+    )
     for c in CONCURRENCY:
         for name in ("peer", "ours"):
             r = services[name][c]
-            print(f"{name:<5} c={c:<3} {r['images_per_s']:6.1f} images/s  p50 {r['p50_ms']:7.1f} ms  "
-                  f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']:.0f}")
+            print(
+                f"{name:<5} c={c:<3} {r['images_per_s']:6.1f} images/s  p50 {r['p50_ms']:7.1f} ms  "
+                f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']:.0f}"
+            )
         ratios[f"ours_over_limit_c{c}"] = services["ours"][c]["images_per_s"] / limit["images_per_s"]
         ratios[f"peer_over_limit_c{c}"] = services["peer"][c]["images_per_s"] / limit["images_per_s"]
         ratios[f"ours_over_peer_c{c}"] = services["ours"][c]["images_per_s"] / services["peer"][c]["images_per_s"]
@@ -180,22 +218,36 @@ def main() -> int:
     for key, value in ratios.items():
         print(f"  {key:<22} {value:5.2f} x")
     print(f"  ours p50 at c=1 minus in-process single image: {added_ms:+.1f} ms")
-    goal = (ratios["ours_over_limit_c64"] >= 0.9 and added_ms <= 3) if args.device == "cpu" \
+    goal = (
+        (ratios["ours_over_limit_c64"] >= 0.9 and added_ms <= 3)
+        if args.device == "cpu"
         else ratios["ours_over_peer_c64"] >= 2
-    print(f"goal ({'>= 0.9 x limit at c=64 and p50 within 3 ms' if args.device == 'cpu' else '>= 2 x peer'}): "
-          f"{'met' if goal else 'NOT met'}")
-    write_result(f"serve_throughput_{args.device}", folder=args.results_dir, figures={
-        "device": args.device, "limit": limit, "services": {n: {str(c): r for c, r in s.items()} for n, s in services.items()},
-        "ratios": ratios, "added_ms_at_c1": added_ms,
-        "median_seconds": {"limit_single_image": limit["single_image_ms"] / 1000,
-                           "ours_p50_c1": services["ours"][1]["p50_ms"] / 1000,
-                           "ours_p50_c64": services["ours"][64]["p50_ms"] / 1000,
-                           "ours_p99_c64": services["ours"][64]["p99_ms"] / 1000,
-                           "ours_launch_to_ready": services["ours"]["ready_s"],
-                           "peer_launch_to_ready": services["peer"]["ready_s"]},
-        "goal": "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer",
-        "goal_met": goal,
-    })
+    )
+    print(
+        f"goal ({'>= 0.9 x limit at c=64 and p50 within 3 ms' if args.device == 'cpu' else '>= 2 x peer'}): "
+        f"{'met' if goal else 'NOT met'}"
+    )
+    write_result(
+        f"serve_throughput_{args.device}",
+        folder=args.results_dir,
+        figures={
+            "device": args.device,
+            "limit": limit,
+            "services": {n: {str(c): r for c, r in s.items()} for n, s in services.items()},
+            "ratios": ratios,
+            "added_ms_at_c1": added_ms,
+            "median_seconds": {
+                "limit_single_image": limit["single_image_ms"] / 1000,
+                "ours_p50_c1": services["ours"][1]["p50_ms"] / 1000,
+                "ours_p50_c64": services["ours"][64]["p50_ms"] / 1000,
+                "ours_p99_c64": services["ours"][64]["p99_ms"] / 1000,
+                "ours_launch_to_ready": services["ours"]["ready_s"],
+                "peer_launch_to_ready": services["peer"]["ready_s"],
+            },
+            "goal": "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer",
+            "goal_met": goal,
+        },
+    )
     return 0
 
 

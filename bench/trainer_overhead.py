@@ -49,10 +49,20 @@ def main() -> int:
             ours.append(timed([*torchrun, "train/main.py", *common, "--workers", "0", "--out", out], env))
     median = {"bare_run": statistics.median(bare), "ours_run": statistics.median(ours)}
     ratio = median["bare_run"] / median["ours_run"]  # = ours images/s over bare images/s
-    print(f"{images} training images: bare {images / median['bare_run']:.1f} images/s, "
-          f"ours {images / median['ours_run']:.1f} images/s -> ours/bare {ratio:.3f} (goal >= 0.95)")
-    write_result(f"trainer_overhead_{args.device}", {"median_seconds": median, "ratios": {"ours_over_bare_images_per_s": ratio},
-                                      "images": images, "goal": "ours / bare images/s >= 0.95", "goal_met": ratio >= 0.95})
+    print(
+        f"{images} training images: bare {images / median['bare_run']:.1f} images/s, "
+        f"ours {images / median['ours_run']:.1f} images/s -> ours/bare {ratio:.3f} (goal >= 0.95)"
+    )
+    write_result(
+        f"trainer_overhead_{args.device}",
+        {
+            "median_seconds": median,
+            "ratios": {"ours_over_bare_images_per_s": ratio},
+            "images": images,
+            "goal": "ours / bare images/s >= 0.95",
+            "goal_met": ratio >= 0.95,
+        },
+    )
     return 0
 
 

@@ -25,22 +25,43 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
+import torch.nn as nn
 
 from export import bento
-from export.architecture import load_weights, resolve_model
+from export.architecture import ModelSpec, load_weights, resolve_model
 from export.exporters import (
-    check_eval_mode, export_aoti, export_onnx, export_pt2, export_safetensors, export_torchscript,
+    check_eval_mode,
+    export_aoti,
+    export_onnx,
+    export_pt2,
+    export_safetensors,
+    export_torchscript,
 )
 from export.inputs import parity_inputs
 from export.int8 import quantize, report_dict
 from export.manifest import (
-    AOTI, DEFAULT_FORMATS, FORMATS, MANIFEST, MANIFEST_FORMAT, ONNX, ONNX_INT8, PT2, SAFETENSORS, TORCHSCRIPT, ManifestError,
+    AOTI,
+    DEFAULT_FORMATS,
+    FORMATS,
+    MANIFEST,
+    ONNX,
+    ONNX_INT8,
+    PT2,
+    SAFETENSORS,
+    TORCHSCRIPT,
+    ManifestError,
     describe_artifacts,
-    embedded_fields, is_export_folder, read_manifest, write_manifest,
+    embedded_fields,
+    is_export_folder,
+    new_manifest,
+    read_manifest,
+    write_manifest,
 )
 from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_precision, run_parity
 from export.sources import read_source
@@ -56,50 +77,111 @@ EXPORT_BATCH = 2
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m export", description=__doc__.split("\n\n")[0],
+        prog="python -m export",
+        description=__doc__.split("\n\n")[0],
         epilog="examples:\n" + __doc__.split("\n\n")[1] + "\n\n" + __doc__.split("\n\n")[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     read = p.add_argument_group("what to read")
-    read.add_argument("checkpoint", type=Path, help="a .pt/.pth/.pth.tar/.ckpt/.bin/.safetensors file, or a folder: "
-                      "torch.distributed.checkpoint (FSDP2, torchtitan step-N) or Accelerate save_state")
-    read.add_argument("--arch", default=None, help="when the checkpoint does not name one: a torchvision classifier "
-                      "(resnet50), or timm/NAME for a timm model; a bare name always means torchvision's, also where "
-                      "timm has the same name (a timm checkpoint's own arch is read as timm's)")
-    read.add_argument("--ema", action="store_true", help="export the EMA weights (torchvision's model_ema, timm's "
-                      "state_dict_ema, any *ema* state) instead of the trained ones (default: trained)")
-    read.add_argument("--model", default=None, help="module:factory that builds your own nn.Module "
-                      "(called with num_classes= when it takes it)")
-    read.add_argument("--image-size", type=int, default=None, help="input side, when the checkpoint does not say "
-                      "(default: 224)")
-    read.add_argument("--labels", type=Path, default=None, help="class names, one per line, in index order "
-                      "(default: the checkpoint's, else 0..N-1)")
-    read.add_argument("--trust-pickle", action="store_true", help="allow full unpickling; this runs code from the "
-                      "file, so only for files you trust (default: off, weights_only=True)")
+    read.add_argument(
+        "checkpoint",
+        type=Path,
+        help="a .pt/.pth/.pth.tar/.ckpt/.bin/.safetensors file, or a folder: "
+        "torch.distributed.checkpoint (FSDP2, torchtitan step-N) or Accelerate save_state",
+    )
+    read.add_argument(
+        "--arch",
+        default=None,
+        help="when the checkpoint does not name one: a torchvision classifier "
+        "(resnet50), or timm/NAME for a timm model; a bare name always means torchvision's, also where "
+        "timm has the same name (a timm checkpoint's own arch is read as timm's)",
+    )
+    read.add_argument(
+        "--ema",
+        action="store_true",
+        help="export the EMA weights (torchvision's model_ema, timm's "
+        "state_dict_ema, any *ema* state) instead of the trained ones (default: trained)",
+    )
+    read.add_argument(
+        "--model",
+        default=None,
+        help="module:factory that builds your own nn.Module (called with num_classes= when it takes it)",
+    )
+    read.add_argument(
+        "--image-size", type=int, default=None, help="input side, when the checkpoint does not say (default: 224)"
+    )
+    read.add_argument(
+        "--labels",
+        type=Path,
+        default=None,
+        help="class names, one per line, in index order (default: the checkpoint's, else 0..N-1)",
+    )
+    read.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow full unpickling; this runs code from the "
+        "file, so only for files you trust (default: off, weights_only=True)",
+    )
     write = p.add_argument_group("what to write")
-    write.add_argument("--out", type=Path, default=None, help="export folder (default: beside the checkpoint, "
-                       "<checkpoint name>.export)")
-    write.add_argument("--formats", default=",".join(DEFAULT_FORMATS), help="comma-separated subset of "
-                       + ",".join(FORMATS) + f" (default: {','.join(DEFAULT_FORMATS)}). onnx: what the service runs; "
-                       "pt2: torch.export, for torch users (torch.export.load); aoti: compiled ahead of time (C++, "
-                       "~30 s, opt-in); torchscript: deprecated upstream, kept for stacks that still load it")
-    write.add_argument("--fp16", action="store_true", help="export half-precision artifacts, checked with fp16 "
-                       "tolerances (default: fp32)")
-    write.add_argument("--name", default=bento.DEFAULT_NAME, help="model name in the BentoML model store "
-                       f"(default: {bento.DEFAULT_NAME})")
-    write.add_argument("--no-bento", action="store_true", help="do not register the result in the BentoML model "
-                       "store (default: register)")
+    write.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="export folder (default: beside the checkpoint, <checkpoint name>.export)",
+    )
+    write.add_argument(
+        "--formats",
+        default=",".join(DEFAULT_FORMATS),
+        help="comma-separated subset of "
+        + ",".join(FORMATS)
+        + f" (default: {','.join(DEFAULT_FORMATS)}). onnx: what the service runs; "
+        "pt2: torch.export, for torch users (torch.export.load); aoti: compiled ahead of time (C++, "
+        "~30 s, opt-in); torchscript: deprecated upstream, kept for stacks that still load it",
+    )
+    write.add_argument(
+        "--fp16",
+        action="store_true",
+        help="export half-precision artifacts, checked with fp16 tolerances (default: fp32)",
+    )
+    write.add_argument(
+        "--name",
+        default=bento.DEFAULT_NAME,
+        help=f"model name in the BentoML model store (default: {bento.DEFAULT_NAME})",
+    )
+    write.add_argument(
+        "--no-bento",
+        action="store_true",
+        help="do not register the result in the BentoML model store (default: register)",
+    )
     check = p.add_argument_group("parity check")
-    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the eager "
-                       "reference runs; auto: CUDA when present (default: auto)")
-    check.add_argument("--samples", type=Path, default=None, help="folder of real images for the parity check "
-                       "(default: the training data when the checkpoint names it, else scikit-learn's sample photos)")
-    check.add_argument("--int8", action="store_true", help="also write model.int8.onnx: ONNX Runtime's static "
-                       "INT8 quantization (QDQ, per-channel), calibrated on the training data the checkpoint names "
-                       "(else --samples), kept only if accuracy holds (see --max-accuracy-drop)")
-    check.add_argument("--max-accuracy-drop", type=float, default=1.0, help="INT8: the most top-1 it may lose, in "
-                       "percentage points, on the validation set (or in agreement with fp32); past it, exit 3 and "
-                       "the INT8 artifact is marked failed and never served (default: 1.0)")
+    check.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the eager reference runs; auto: CUDA when present (default: auto)",
+    )
+    check.add_argument(
+        "--samples",
+        type=Path,
+        default=None,
+        help="folder of real images for the parity check "
+        "(default: the training data when the checkpoint names it, else scikit-learn's sample photos)",
+    )
+    check.add_argument(
+        "--int8",
+        action="store_true",
+        help="also write model.int8.onnx: ONNX Runtime's static "
+        "INT8 quantization (QDQ, per-channel), calibrated on the training data the checkpoint names "
+        "(else --samples), kept only if accuracy holds (see --max-accuracy-drop)",
+    )
+    check.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=1.0,
+        help="INT8: the most top-1 it may lose, in "
+        "percentage points, on the validation set (or in agreement with fp32); past it, exit 3 and "
+        "the INT8 artifact is marked failed and never served (default: 1.0)",
+    )
     check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-4, fp16 5e-2)")
     check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: 1e-3, fp16 5e-2)")
     return p
@@ -148,8 +230,12 @@ def _versions() -> dict[str, str]:
     import onnxruntime
     import torchvision
 
-    return {"torch": str(torch.__version__), "torchvision": torchvision.__version__, "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__}
+    return {
+        "torch": str(torch.__version__),
+        "torchvision": torchvision.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
 
 
 @contextlib.contextmanager
@@ -179,27 +265,26 @@ def export(args: argparse.Namespace) -> int:
     check_eval_mode(model)
 
     pre = spec.preprocess
-    manifest: dict[str, Any] = {
-        "format": MANIFEST_FORMAT,
-        "arch": spec.arch,
-        "num_classes": spec.num_classes,
-        "classes": spec.classes,
-        "input": {"shape": [-1, pre["channels"], pre["crop"], pre["crop"]],
-                  "dtype": "float16" if args.fp16 else "float32", "layout": "NCHW"},
-        "preprocess": pre,
-        "source": {"checkpoint": str(args.checkpoint.resolve()), "sha256": src.sha256, "container": src.kind,
-                   "weights": f"EMA ({src.ema_key})" if src.ema_chosen else "trained",
-                   "removed_prefixes": spec.unwrapped.removed, "ignored_keys": spec.unwrapped.ignored[:20],
-                   "device_tags": [t for t in src.device_tags if t != "cpu"]},
-        "timings": timings,  # seconds per phase, filled in as they finish
+    source = {
+        "checkpoint": str(args.checkpoint.resolve()),
+        "sha256": src.sha256,
+        "container": src.kind,
+        "weights": f"EMA ({src.ema_key})" if src.ema_chosen else "trained",
+        "removed_prefixes": spec.unwrapped.removed,
+        "ignored_keys": spec.unwrapped.ignored[:20],
+        "device_tags": [t for t in src.device_tags if t != "cpu"],
     }
+    manifest = new_manifest(spec.arch, spec.classes, pre, "float16" if args.fp16 else "float32", source, timings)
+    options = CheckOptions(args.fp16, _tolerance(args), args.samples, args.int8, args.max_accuracy_drop)
     out = args.out or args.checkpoint.parent / f"{args.checkpoint.stem}.export"
     _check_out(out, args.checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp.", dir=out.parent))  # an unpredictable name
     os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the export from a service running as another user
     try:
-        status = _write_and_check(model, spec, src, args, formats, device, manifest, staging)
+        status = _write_and_check(
+            model, spec, (src.meta or {}).get("data"), formats, device, options, manifest, staging
+        )
         if status != EXIT_OK and is_export_folder(out) and _passed(out):
             kept, out = out, out.with_name(out.name + ".failed")  # a good export survives a failed attempt
             log.warning("parity failed: %s keeps the previous, passing export; this attempt is in %s", kept, out)
@@ -212,29 +297,68 @@ def export(args: argparse.Namespace) -> int:
     if status != EXIT_OK:
         print("\n".join(manifest["parity"]["summary"]), file=sys.stderr)
         if manifest["parity"]["pass"]:
-            print(f"export: the INT8 accuracy gate FAILED; {ONNX_INT8} in {out} is marked failed and will not be served; "
-                  "the export was not registered (rerun without --int8, or allow a larger --max-accuracy-drop)",
-                  file=sys.stderr)
+            print(
+                f"export: the INT8 accuracy gate FAILED; {ONNX_INT8} in {out} is marked failed and will not be served; "
+                "the export was not registered (rerun without --int8, or allow a larger --max-accuracy-drop)",
+                file=sys.stderr,
+            )
         else:
-            print(f"export: parity FAILED; {out} is marked failed (manifest status) and was not registered",
-                  file=sys.stderr)
+            print(
+                f"export: parity FAILED; {out} is marked failed (manifest status) and was not registered",
+                file=sys.stderr,
+            )
         return status
     if manifest["status"] == "not checked":
-        print(f"exported {spec.arch} weights to {out} in {seconds:.1f}s; parity NOT CHECKED (no format that computes: "
-              "add onnx, torchscript or pt2 to --formats); not registered, and the service will not serve it")
+        print(
+            f"exported {spec.arch} weights to {out} in {seconds:.1f}s; parity NOT CHECKED (no format that computes: "
+            "add onnx, torchscript or pt2 to --formats); not registered, and the service will not serve it"
+        )
         return EXIT_OK
     tag = None if args.no_bento else bento.register(out, manifest, args.name)
     print("\n".join(manifest["parity"]["summary"]))
-    print(f"exported {spec.arch} ({spec.num_classes} classes) to {out} in {seconds:.1f}s; parity passed"
-          + (f"; BentoML model {tag}" if tag else ""))
+    print(
+        f"exported {spec.arch} ({spec.num_classes} classes) to {out} in {seconds:.1f}s; parity passed"
+        + (f"; BentoML model {tag}" if tag else "")
+    )
     return EXIT_OK
 
 
-def _write_and_check(model, spec, src, args, formats, device, manifest, folder: Path) -> int:
+@dataclass(frozen=True)
+class CheckOptions:
+    """How the artifacts are checked (from the command line)."""
+
+    fp16: bool
+    tolerance: Tolerance
+    samples: Path | None  # real images for parity and INT8 calibration, when the checkpoint names no data
+    int8: bool
+    max_accuracy_drop: float
+
+
+def _tolerance(args: argparse.Namespace) -> Tolerance:
+    default = DEFAULT_TOLERANCES["fp16" if args.fp16 else "fp32"]
+    return Tolerance(
+        args.atol if args.atol is not None else default.atol,
+        args.rtol if args.rtol is not None else default.rtol,
+        default.min_top1,
+    )
+
+
+def _write_and_check(
+    model: nn.Module,
+    spec: ModelSpec,
+    data: str | None,
+    formats: list[str],
+    device: torch.device,
+    options: CheckOptions,
+    manifest: dict[str, Any],
+    folder: Path,
+) -> int:
+    """Write every artifact into `folder`, check each against the eager `model`, and complete the manifest.
+    Returns the exit status: EXIT_OK, or EXIT_PARITY when parity or the INT8 gate failed."""
     pre = spec.preprocess
     example = torch.randn(EXPORT_BATCH, pre["channels"], pre["crop"], pre["crop"])
-    artifact_model = copy.deepcopy(model).half() if args.fp16 else model  # the fp32 model stays the reference
-    example_typed = example.half() if args.fp16 else example
+    artifact_model = copy.deepcopy(model).half() if options.fp16 else model  # the fp32 model stays the reference
+    example_typed = example.half() if options.fp16 else example
     exported: dict[str, dict] = {}
     timings = manifest["timings"]
     with torch.inference_mode(False), torch.no_grad():
@@ -250,28 +374,39 @@ def _write_and_check(model, spec, src, args, formats, device, manifest, folder: 
                 exported["aoti"] = export_aoti(artifact_model, example_typed, folder / AOTI)
         if "torchscript" in formats:
             with _timed(timings, "torchscript"):
-                exported["torchscript"] = export_torchscript(artifact_model, example_typed, folder / TORCHSCRIPT, fields)
+                exported["torchscript"] = export_torchscript(
+                    artifact_model, example_typed, folder / TORCHSCRIPT, fields
+                )
         if "safetensors" in formats:
             with _timed(timings, "safetensors"):
                 exported["safetensors"] = export_safetensors(artifact_model, folder / SAFETENSORS, spec.arch)
-    manifest["onnx"] = {"opset": exported["onnx"]["opset"], "external_data": exported["onnx"]["external_data"],
-                        "input_name": "input", "output_name": "logits"} if "onnx" in exported else None
+    manifest["onnx"] = (
+        {
+            "opset": exported["onnx"]["opset"],
+            "external_data": exported["onnx"]["external_data"],
+            "input_name": "input",
+            "output_name": "logits",
+        }
+        if "onnx" in exported
+        else None
+    )
 
     precision = pin_precision()
-    tol_default = DEFAULT_TOLERANCES["fp16" if args.fp16 else "fp32"]
-    tol = Tolerance(args.atol if args.atol is not None else tol_default.atol,
-                    args.rtol if args.rtol is not None else tol_default.rtol, tol_default.min_top1)
+    tol = options.tolerance
     with _timed(timings, "parity"):
-        inputs, described = parity_inputs(pre, (src.meta or {}).get("data"), args.samples)
-        results = run_parity(model, folder, inputs, formats, device, args.fp16, tol) if set(formats) - {"safetensors"} else []
-    manifest["parity"] = parity_report(results, device, args.fp16, tol, precision, len(inputs), described)
+        inputs, described = parity_inputs(pre, data, options.samples)
+        computing = set(formats) - {"safetensors"}
+        results = run_parity(model, folder, inputs, formats, device, options.fp16, tol) if computing else []
+    manifest["parity"] = parity_report(results, device, options.fp16, tol, precision, len(inputs), described)
     int8_passed = True
-    if args.int8 and manifest["parity"]["pass"]:
+    if options.int8 and manifest["parity"]["pass"]:
         with _timed(timings, "int8"):
-            report = quantize(folder / ONNX, folder / ONNX_INT8, pre, (src.meta or {}).get("data"), args.samples,
-                              args.max_accuracy_drop)
-        manifest["int8"] = {"artifact": ONNX_INT8, "method": "ONNX Runtime static quantization, QDQ, per-channel "
-                            "weights (S8), activations U8", **report_dict(report)}
+            report = quantize(folder / ONNX, folder / ONNX_INT8, pre, data, options.samples, options.max_accuracy_drop)
+        manifest["int8"] = {
+            "artifact": ONNX_INT8,
+            "method": "ONNX Runtime static quantization, QDQ, per-channel weights (S8), activations U8",
+            **report_dict(report),
+        }
         manifest["parity"]["summary"].append(report.line())
         exported["int8"] = {"files": [ONNX_INT8]}
         int8_passed = report.passed
@@ -291,8 +426,10 @@ def _check_out(out: Path, checkpoint: Path) -> None:
     if resolved == source or resolved in source.parents:
         raise ValueError(f"--out={out}: holds the checkpoint being exported; choose another --out")
     if out.exists() and any(out.iterdir()) and not is_export_folder(out):
-        raise ValueError(f"--out={out}: exists and is not an export folder (no handoff {MANIFEST}); export replaces "
-                         "only a previous export, so choose another --out or empty it yourself")
+        raise ValueError(
+            f"--out={out}: exists and is not an export folder (no handoff {MANIFEST}); export replaces "
+            "only a previous export, so choose another --out or empty it yourself"
+        )
 
 
 def _passed(folder: Path) -> bool:

@@ -21,22 +21,45 @@ from typing import Any
 
 import numpy as np
 
-_NUMPY_DTYPES = [type(np.dtype(kind)) for kind in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                                                    "uint32", "uint64", "float16", "float32", "float64")]
+_NUMPY_DTYPES = [
+    type(np.dtype(kind))
+    for kind in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    )
+]
 
 FIELD_SAFE_GLOBALS: list[Any] = [
     argparse.Namespace,
     np.dtype,
     *_NUMPY_DTYPES,
-    np._core.multiarray.scalar,
-    (np._core.multiarray.scalar, "numpy.core.multiarray.scalar"),  # as numpy 1.x names it in older files
+    np._core.multiarray.scalar,  # type: ignore[attr-defined]
+    (np._core.multiarray.scalar, "numpy.core.multiarray.scalar"),  # type: ignore[attr-defined]  # as numpy 1.x names it in older files
 ]
 
 # (module, name) of everything a DCP .metadata file holds (torch 2.x), and nothing else.
 _DCP_METADATA_GLOBALS = {
     ("torch.distributed.checkpoint.metadata", name)
-    for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                 "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+    for name in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
 } | {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.serialization", "_get_layout"),

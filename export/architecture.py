@@ -16,8 +16,9 @@ import dataclasses
 import importlib
 import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -61,8 +62,10 @@ def resolve_arch(src: Source, arch_flag: str | None) -> str:
         log.warning("--arch %s overrides the checkpoint's own %r", arch_flag, src.arch)
     arch = arch_flag or src.arch
     if arch is None:
-        raise ValueError(f"{src.path}: the checkpoint ({src.kind}) does not name its architecture; "
-                         "pass --arch NAME (a torchvision classifier, or timm/NAME) or --model module:factory")
+        raise ValueError(
+            f"{src.path}: the checkpoint ({src.kind}) does not name its architecture; "
+            "pass --arch NAME (a torchvision classifier, or timm/NAME) or --model module:factory"
+        )
     check_arch(arch)
     return arch
 
@@ -95,16 +98,19 @@ def fits(arch: str, state: dict[str, torch.Tensor], image_size: int) -> bool:
     own = probe.state_dict()
     mapped = unwrap_keys(state, set(own)).state_dict
     return mapped.keys() == own.keys() and all(
-        mapped[k].shape == own[k].shape or (own[k].ndim >= 1 and own[k].shape[0] == _PROBE_CLASSES) for k in own)
+        mapped[k].shape == own[k].shape or (own[k].ndim >= 1 and own[k].shape[0] == _PROBE_CLASSES) for k in own
+    )
 
 
 def _image_size(src: Source, flag: int | None) -> int | None:
     """--image-size, unless it contradicts the size the checkpoint was trained at: then refuse."""
     recorded = (src.meta or {}).get("image_size") or src.preprocess_hints.get("image_size")
     if flag is not None and recorded is not None and flag != recorded:
-        raise ValueError(f"--image-size={flag}: the checkpoint was trained and is preprocessed at {recorded}; "
-                         "drop --image-size (a model exported at another size than its preprocessing would "
-                         "see different pixels)")
+        raise ValueError(
+            f"--image-size={flag}: the checkpoint was trained and is preprocessed at {recorded}; "
+            "drop --image-size (a model exported at another size than its preprocessing would "
+            "see different pixels)"
+        )
     return flag or recorded
 
 
@@ -116,13 +122,19 @@ def _preprocess(src: Source, arch: str | None, image_size: int | None) -> dict[s
     defaults = dataclasses.replace(defaults, crop_pct=float(hints.get("crop_pct") or defaults.crop_pct))
     size = image_size or defaults.image_size
     resize = hints.get("resize") or defaults.resize_for(size)
-    return {"resize": int(resize), "crop": int(size), "mean": [float(v) for v in hints.get("mean") or defaults.mean],
-            "std": [float(v) for v in hints.get("std") or defaults.std],
-            "interpolation": str(hints.get("interpolation") or defaults.interpolation), "channels": 3}
+    return {
+        "resize": int(resize),
+        "crop": int(size),
+        "mean": [float(v) for v in hints.get("mean") or defaults.mean],
+        "std": [float(v) for v in hints.get("std") or defaults.std],
+        "interpolation": str(hints.get("interpolation") or defaults.interpolation),
+        "channels": 3,
+    }
 
 
-def resolve_model(src: Source, arch_flag: str | None, model_flag: str | None, image_size_flag: int | None,
-                  labels: list[str] | None) -> ModelSpec:
+def resolve_model(
+    src: Source, arch_flag: str | None, model_flag: str | None, image_size_flag: int | None, labels: list[str] | None
+) -> ModelSpec:
     """Build the target module and map the checkpoint's keys onto it."""
     image_size = _image_size(src, image_size_flag)
     build_size = image_size or 224
@@ -149,9 +161,11 @@ def resolve_model(src: Source, arch_flag: str | None, model_flag: str | None, im
         num_classes = found[0] if found else (src.meta or {}).get("num_classes")
         if num_classes is None:
             hint = other_library_hint(arch, src.state_dict, build_size) if not model_flag else ""
-            raise ValueError(f"{src.path}: cannot tell the number of classes: no classifier weights "
-                             f"({', '.join(classifier) or 'none found'}) in the checkpoint for {arch}"
-                             + (f"; {hint}" if hint else ""))
+            raise ValueError(
+                f"{src.path}: cannot tell the number of classes: no classifier weights "
+                f"({', '.join(classifier) or 'none found'}) in the checkpoint for {arch}"
+                + (f"; {hint}" if hint else "")
+            )
         model = make(num_classes)
     else:
         unwrapped = unwrap_keys(src.state_dict, set(model.state_dict()))
@@ -182,7 +196,9 @@ def _classes(src: Source, labels: list[str] | None, num_classes: int) -> list[st
     if src.meta and src.meta.get("classes"):
         classes = [str(c) for c in src.meta["classes"]]
         if len(classes) != num_classes:
-            raise ValueError(f"{src.path}: meta.classes lists {len(classes)} names but the model has {num_classes} "
-                             "outputs; pass --labels with one name per output")
+            raise ValueError(
+                f"{src.path}: meta.classes lists {len(classes)} names but the model has {num_classes} "
+                "outputs; pass --labels with one name per output"
+            )
         return classes
     return [str(i) for i in range(num_classes)]

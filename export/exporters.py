@@ -26,17 +26,29 @@ def check_eval_mode(model: nn.Module) -> None:
         raise RuntimeError(f"modules still in training mode after eval(): {', '.join(training[:5])}")
 
 
-def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, metadata: dict[str, str],
-                external_data_bytes: int = EXTERNAL_DATA_BYTES) -> dict:
+def export_onnx(
+    model: nn.Module,
+    example: torch.Tensor,
+    path: Path,
+    metadata: dict[str, str],
+    external_data_bytes: int = EXTERNAL_DATA_BYTES,
+) -> dict:
     """Dynamic batch dimension (the example must have batch >= 2, or the exporter specialises it to 1)."""
     assert example.shape[0] >= 2, "trace with batch >= 2 so the batch axis stays dynamic"
     batch = torch.export.Dim("batch", min=1, max=4096)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation chatter is not the user's business
         program = torch.onnx.export(
-            model, (example,), dynamo=True, opset_version=OPSET, input_names=["input"], output_names=["logits"],
-            dynamic_shapes=({0: batch},), verbose=False,
+            model,
+            (example,),
+            dynamo=True,
+            opset_version=OPSET,
+            input_names=["input"],
+            output_names=["logits"],
+            dynamic_shapes=({0: batch},),
+            verbose=False,
         )
+    assert program is not None, "torch.onnx.export(dynamo=True) returns the program"
     program.model.metadata_props.update(metadata)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.state_dict().values())
     external = weight_bytes > external_data_bytes

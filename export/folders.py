@@ -20,6 +20,7 @@ import logging
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -33,8 +34,21 @@ from train.checkpoint import CheckpointError, read_weights_only
 log = logging.getLogger(__name__)
 
 DCP_METADATA = ".metadata"
-NOT_MODEL = {"optimizer", "optim", "optimizers", "lr_scheduler", "lr_schedulers", "scheduler", "dataloader",
-             "train_state", "rng", "rng_state", "scaler", "extra_state", "sampler"}
+NOT_MODEL = {
+    "optimizer",
+    "optim",
+    "optimizers",
+    "lr_scheduler",
+    "lr_schedulers",
+    "scheduler",
+    "dataloader",
+    "train_state",
+    "rng",
+    "rng_state",
+    "scaler",
+    "extra_state",
+    "sampler",
+}
 ACCELERATE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 ACCELERATE_FSDP = "pytorch_model_fsdp_0"
 
@@ -56,6 +70,7 @@ def _newest_step(folder: Path) -> Path | None:
 def _model_keys(keys: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     """(model key -> DCP key, EMA key -> DCP key): nested under `model.` when the file does so, else the
     top-level keys that are not training state; an `*ema*` top-level entry holds EMA weights."""
+
     def first(key: str) -> str:
         return key.split(".", 1)[0]
 
@@ -70,7 +85,7 @@ def _model_keys(keys: list[str]) -> tuple[dict[str, str], dict[str, str]]:
 class _SafeReader(dcp.FileSystemReader):
     """DCP's file reader, but its metadata unpickled with only DCP's own classes allowed."""
 
-    def read_metadata(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         metadata = read_dcp_metadata(Path(self.path) / DCP_METADATA)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
@@ -82,28 +97,39 @@ def read_dcp(folder: Path) -> Source:
     try:
         metadata = read_dcp_metadata(folder / DCP_METADATA)
     except UnsafeMetadata as err:
-        raise CheckpointError(f"{folder / DCP_METADATA}: names {err}, which a DCP metadata file never holds; "
-                              "refused without running it") from None
+        raise CheckpointError(
+            f"{folder / DCP_METADATA}: names {err}, which a DCP metadata file never holds; refused without running it"
+        ) from None
     except Exception as err:  # noqa: BLE001 - any unpickling failure is a damaged file
         raise CheckpointError(f"{folder / DCP_METADATA}: not a readable DCP metadata file ({err})") from None
     tensors = {k: m for k, m in metadata.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
     model_keys, ema_keys = _model_keys(list(tensors))
     if not model_keys:
-        raise CheckpointError(f"{folder}: a DCP checkpoint without model tensors (top-level entries: "
-                              f"{', '.join(sorted({k.split('.')[0] for k in tensors})[:8])})")
+        raise CheckpointError(
+            f"{folder}: a DCP checkpoint without model tensors (top-level entries: "
+            f"{', '.join(sorted({k.split('.')[0] for k in tensors})[:8])})"
+        )
     wanted = {**model_keys, **ema_keys}
     # Only these entries are planned, so only their bytes are read: never the optimizer's.
-    state = {dcp_key: torch.empty(tensors[dcp_key].size, dtype=tensors[dcp_key].properties.dtype)
-             for dcp_key in wanted.values()}
+    state = {
+        dcp_key: torch.empty(tensors[dcp_key].size, dtype=tensors[dcp_key].properties.dtype)
+        for dcp_key in wanted.values()
+    }
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process, on purpose
             dcp.load(state, storage_reader=_SafeReader(str(folder)), no_dist=True)
     except Exception as err:  # noqa: BLE001 - DCP wraps read errors in its own exception types
-        raise CheckpointError(f"{folder}: cannot read its tensors ({str(err).strip().splitlines()[-1][:200]})") from None
+        raise CheckpointError(
+            f"{folder}: cannot read its tensors ({str(err).strip().splitlines()[-1][:200]})"
+        ) from None
     shards = sorted(folder.glob("*.distcp"))
-    src = Source(folder, _folder_sha256(folder, [folder / DCP_METADATA, *shards]), "dcp",
-                 {key: state[dcp_key] for key, dcp_key in model_keys.items()})
+    src = Source(
+        folder,
+        _folder_sha256(folder, [folder / DCP_METADATA, *shards]),
+        "dcp",
+        {key: state[dcp_key] for key, dcp_key in model_keys.items()},
+    )
     if ema_keys:
         src.ema_state_dict = {key: state[dcp_key] for key, dcp_key in ema_keys.items()}
         src.ema_key = next(iter(ema_keys.values())).split(".", 1)[0]
@@ -155,14 +181,18 @@ def read_folder(folder: Path) -> Source:
     """A DCP or Accelerate folder, or CheckpointError naming what the folder holds instead."""
     if (folder / DCP_METADATA).is_file():
         return read_dcp(folder)
-    if any((folder / n).is_file() or (folder / f"{n}.index.json").is_file() for n in ACCELERATE_WEIGHTS) \
-            or (folder / ACCELERATE_FSDP / DCP_METADATA).is_file():
+    if (
+        any((folder / n).is_file() or (folder / f"{n}.index.json").is_file() for n in ACCELERATE_WEIGHTS)
+        or (folder / ACCELERATE_FSDP / DCP_METADATA).is_file()
+    ):
         return read_accelerate(folder)
     step = _newest_step(folder)
     if step is not None:
         log.info("%s holds DCP checkpoints; reading the newest, %s", folder, step.name)
         return read_dcp(step)
     found = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
-    raise CheckpointError(f"{folder}: a folder, but neither a torch.distributed.checkpoint folder ({DCP_METADATA}) "
-                          f"nor an Accelerate save_state folder ({', '.join(ACCELERATE_WEIGHTS)}); found: "
-                          f"{', '.join(found[:8]) or 'nothing'}" + (f" and {len(found) - 8} more" if len(found) > 8 else ""))
+    raise CheckpointError(
+        f"{folder}: a folder, but neither a torch.distributed.checkpoint folder ({DCP_METADATA}) "
+        f"nor an Accelerate save_state folder ({', '.join(ACCELERATE_WEIGHTS)}); found: "
+        f"{', '.join(found[:8]) or 'nothing'}" + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+    )

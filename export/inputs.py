@@ -23,8 +23,9 @@ def load_images(files: list[Path]) -> list[Image.Image]:
 
 def eval_transform_of(preprocess: dict[str, Any]) -> Any:
     """The torchvision evaluation transform a manifest's `preprocess` block describes."""
-    return eval_transform(Preprocessing(**{**preprocess, "mean": tuple(preprocess["mean"]),
-                                           "std": tuple(preprocess["std"])}))
+    return eval_transform(
+        Preprocessing(**{**preprocess, "mean": tuple(preprocess["mean"]), "std": tuple(preprocess["std"])})
+    )
 
 
 def _real_images(data: str | None, samples: Path | None, limit: int) -> tuple[list[Image.Image], str]:
@@ -45,8 +46,9 @@ def _real_images(data: str | None, samples: Path | None, limit: int) -> tuple[li
     return [Image.fromarray(img) for img in load_sample_images().images], "scikit-learn sample photos"
 
 
-def parity_inputs(preprocess: dict[str, Any], data: str | None, samples: Path | None,
-                  real: int = 16, random: int = 16, seed: int = 0) -> tuple[torch.Tensor, str]:
+def parity_inputs(
+    preprocess: dict[str, Any], data: str | None, samples: Path | None, real: int = 16, random: int = 16, seed: int = 0
+) -> tuple[torch.Tensor, str]:
     transform = eval_transform_of(preprocess)
     images, origin = _real_images(data, samples, real)
     real_batch = torch.stack([transform(img) for img in images])

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,8 +42,10 @@ class Int8Report:
     passed: bool
 
     def line(self) -> str:
-        return (f"INT8 ({self.metric} on {self.evaluation}): fp32 {self.fp32_top1:.2f}%, int8 {self.int8_top1:.2f}%, "
-                f"drop {self.drop:.2f} points (allowed {self.max_drop:g}): {'pass' if self.passed else 'FAIL'}")
+        return (
+            f"INT8 ({self.metric} on {self.evaluation}): fp32 {self.fp32_top1:.2f}%, int8 {self.int8_top1:.2f}%, "
+            f"drop {self.drop:.2f} points (allowed {self.max_drop:g}): {'pass' if self.passed else 'FAIL'}"
+        )
 
 
 @dataclass
@@ -82,26 +85,44 @@ def _sets(preprocess: dict[str, Any], data: str | None, samples: Path | None) ->
         (x_train, _), (x_val, y_val) = digits_split()
         calib = [Image.fromarray(img).convert("RGB") for img in x_train[:CALIBRATION_IMAGES]]
         val = [Image.fromarray(img).convert("RGB") for img in x_val]
-        return _Sets(batch(calib), f"{len(calib)} digits training images", batch(val), np.asarray(y_val),
-                     f"the digits validation set ({len(val)} images)")
+        return _Sets(
+            batch(calib),
+            f"{len(calib)} digits training images",
+            batch(val),
+            np.asarray(y_val),
+            f"the digits validation set ({len(val)} images)",
+        )
     if data and (Path(data) / "train").is_dir() and (Path(data) / "val").is_dir():
         train_files = _files(Path(data) / "train")
         random.Random(0).shuffle(train_files)
         val_files, labels = _labelled_folder(Path(data) / "val")
         calib = load_images(train_files[:CALIBRATION_IMAGES])
-        return _Sets(batch(calib), f"{len(calib)} images of {data}/train", batch(load_images(val_files)), labels,
-                     f"{data}/val ({len(val_files)} images)")
+        return _Sets(
+            batch(calib),
+            f"{len(calib)} images of {data}/train",
+            batch(load_images(val_files)),
+            labels,
+            f"{data}/val ({len(val_files)} images)",
+        )
     if samples is None:
-        raise ValueError("--int8 needs real images to calibrate on: the checkpoint names no training data, so pass "
-                         "--samples DIR (a folder of images like those the model will see)")
+        raise ValueError(
+            "--int8 needs real images to calibrate on: the checkpoint names no training data, so pass "
+            "--samples DIR (a folder of images like those the model will see)"
+        )
     files = _files(samples)
     if len(files) < 4:
-        raise ValueError(f"--samples={samples}: {len(files)} images; --int8 needs at least 4 (half to calibrate, "
-                         "half to check)")
+        raise ValueError(
+            f"--samples={samples}: {len(files)} images; --int8 needs at least 4 (half to calibrate, half to check)"
+        )
     half = len(files) // 2
-    calib, held_out = files[:half][:CALIBRATION_IMAGES], files[half:]
-    return _Sets(batch(load_images(calib)), f"{len(calib)} images of {samples}", batch(load_images(held_out)), None,
-                 f"{len(held_out)} held-out images of {samples}")
+    calib_files, held_out = files[:half][:CALIBRATION_IMAGES], files[half:]
+    return _Sets(
+        batch(load_images(calib_files)),
+        f"{len(calib_files)} images of {samples}",
+        batch(load_images(held_out)),
+        None,
+        f"{len(held_out)} held-out images of {samples}",
+    )
 
 
 class _Reader(CalibrationDataReader):
@@ -109,7 +130,8 @@ class _Reader(CalibrationDataReader):
 
     def __init__(self, images: torch.Tensor, input_name: str) -> None:
         self.batches: Iterator[dict[str, np.ndarray]] = iter(
-            {input_name: images[i : i + 32].numpy()} for i in range(0, len(images), 32))
+            {input_name: images[i : i + 32].numpy()} for i in range(0, len(images), 32)
+        )
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self.batches, None)
@@ -117,12 +139,22 @@ class _Reader(CalibrationDataReader):
 
 def _top1(session: Any, images: torch.Tensor) -> np.ndarray:
     name = session.get_inputs()[0].name
-    return np.concatenate([session.run(None, {name: images[i : i + EVAL_BATCH].numpy()})[0].argmax(1)
-                           for i in range(0, len(images), EVAL_BATCH)])
+    return np.concatenate(
+        [
+            session.run(None, {name: images[i : i + EVAL_BATCH].numpy()})[0].argmax(1)
+            for i in range(0, len(images), EVAL_BATCH)
+        ]
+    )
 
 
-def quantize(fp32_onnx: Path, int8_onnx: Path, preprocess: dict[str, Any], data: str | None, samples: Path | None,
-             max_drop: float) -> Int8Report:
+def quantize(
+    fp32_onnx: Path,
+    int8_onnx: Path,
+    preprocess: dict[str, Any],
+    data: str | None,
+    samples: Path | None,
+    max_drop: float,
+) -> Int8Report:
     """Write `int8_onnx` from `fp32_onnx` and measure what it costs in accuracy."""
     import onnxruntime as ort
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
@@ -134,8 +166,15 @@ def quantize(fp32_onnx: Path, int8_onnx: Path, preprocess: dict[str, Any], data:
         quant_pre_process(str(fp32_onnx), str(prepared), skip_symbolic_shape=True)
         reader = _Reader(sets.calibration, "input")
         # U8S8 (unsigned activations, signed per-channel weights): the pairing ONNX Runtime recommends on x86-64.
-        quantize_static(str(prepared), str(int8_onnx), reader, quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        quantize_static(
+            str(prepared),
+            str(int8_onnx),
+            reader,
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
     finally:
         prepared.unlink(missing_ok=True)
     cpu = ["CPUExecutionProvider"]
@@ -147,8 +186,16 @@ def quantize(fp32_onnx: Path, int8_onnx: Path, preprocess: dict[str, Any], data:
     else:
         metric, fp32_top1, int8_top1 = "top-1 agreement with fp32", 100.0, 100 * float((int8 == fp32).mean())
     drop = round(fp32_top1 - int8_top1, 4)
-    report = Int8Report(sets.calibration_described, sets.evaluation_described, metric, fp32_top1, int8_top1, drop,
-                        max_drop, drop <= max_drop)
+    report = Int8Report(
+        sets.calibration_described,
+        sets.evaluation_described,
+        metric,
+        fp32_top1,
+        int8_top1,
+        drop,
+        max_drop,
+        drop <= max_drop,
+    )
     log.info("%s", report.line())
     return report
 

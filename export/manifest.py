@@ -51,6 +51,32 @@ def preprocess_from_meta(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def new_manifest(
+    arch: str,
+    classes: list[str],
+    preprocess: dict[str, Any],
+    dtype: str,
+    source: dict[str, Any],
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """The manifest's description of the model; export adds `onnx`, `parity`, `int8`, `artifacts`,
+    `versions` and `status` as it writes and checks the artifacts."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "arch": arch,
+        "num_classes": len(classes),
+        "classes": classes,
+        "input": {
+            "shape": [-1, preprocess["channels"], preprocess["crop"], preprocess["crop"]],
+            "dtype": dtype,
+            "layout": "NCHW",
+        },
+        "preprocess": preprocess,
+        "source": source,
+        "timings": timings,  # seconds per phase, filled in as they finish
+    }
+
+
 def embedded_fields(manifest: dict[str, Any]) -> dict[str, str]:
     """Manifest fields as ONNX metadata_props (string values; JSON where not a string)."""
     return {
@@ -88,8 +114,10 @@ def read_manifest(folder: Path, expected_sha256: str | None = None) -> dict[str,
         raise ManifestError(f"{path}: no manifest; is this an export folder written by `python -m export`?")
     data = _read_regular_file(path)
     if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256.lower():
-        raise ManifestError(f"{MANIFEST}: sha256 {hashlib.sha256(data).hexdigest()[:12]}… is not the pinned "
-                            f"{expected_sha256[:12]}… (HANDOFF_MODEL_SHA256)")
+        raise ManifestError(
+            f"{MANIFEST}: sha256 {hashlib.sha256(data).hexdigest()[:12]}… is not the pinned "
+            f"{expected_sha256[:12]}… (HANDOFF_MODEL_SHA256)"
+        )
     try:
         manifest = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -120,10 +148,14 @@ def read_artifact(folder: Path, manifest: dict[str, Any], name: str) -> bytes:
     """
     listed = manifest.get("artifacts") or {}
     if name not in listed:
-        raise ManifestError(f"{name}: not listed in the manifest (this export was made without it, or the file "
-                            f"was put there afterwards); listed: {', '.join(sorted(listed)) or 'nothing'}")
+        raise ManifestError(
+            f"{name}: not listed in the manifest (this export was made without it, or the file "
+            f"was put there afterwards); listed: {', '.join(sorted(listed)) or 'nothing'}"
+        )
     data = _read_regular_file(Path(folder) / name)
     actual = hashlib.sha256(data).hexdigest()
     if actual != listed[name]["sha256"]:
-        raise ManifestError(f"{name}: sha256 {actual[:12]}… does not match the manifest's {listed[name]['sha256'][:12]}…")
+        raise ManifestError(
+            f"{name}: sha256 {actual[:12]}… does not match the manifest's {listed[name]['sha256'][:12]}…"
+        )
     return data

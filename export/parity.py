@@ -13,9 +13,10 @@ the reference on at least `min_top1` of the inputs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -88,12 +89,23 @@ def _onnx_session(path: Path, provider: str, device_index: int) -> Any:
     return session
 
 
+def _onnx_runner(session: Any, dtype: torch.dtype) -> Callable[[torch.Tensor], np.ndarray]:
+    return lambda batch: session.run(None, {"input": batch.to(dtype).numpy()})[0]
+
+
 def _load_aoti(path: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return torch._inductor.aoti_load_package(path)
 
 
-def run_parity(model: nn.Module, folder: Path, inputs: torch.Tensor, formats: list[str], device: torch.device,
-               fp16: bool, tol: Tolerance) -> list[Comparison]:
+def run_parity(
+    model: nn.Module,
+    folder: Path,
+    inputs: torch.Tensor,
+    formats: list[str],
+    device: torch.device,
+    fp16: bool,
+    tol: Tolerance,
+) -> list[Comparison]:
     """Compare every artifact in `folder` with the eager fp32 `model` on `device`."""
     model = model.float().to(device).eval()
     batches = _batches(inputs)
@@ -106,16 +118,25 @@ def run_parity(model: nn.Module, folder: Path, inputs: torch.Tensor, formats: li
         for provider in providers:
             session = _onnx_session(folder / ONNX, provider, device.index or 0)
             dev = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
-            runners.append((ONNX, "onnxruntime", provider, dev,
-                            lambda b, s=session: s.run(None, {"input": b.to(feed_dtype).numpy()})[0]))
-    for name, artifact, runtime, load in (("pt2", PT2, "torch.export", lambda p: torch.export.load(p).module()),
-                                          ("aoti", AOTI, "aotinductor", _load_aoti)):
+            runners.append(
+                (
+                    ONNX,
+                    "onnxruntime",
+                    provider,
+                    dev,
+                    _onnx_runner(session, feed_dtype),
+                )
+            )
+    for name, artifact, runtime, load in (
+        ("pt2", PT2, "torch.export", lambda p: torch.export.load(p).module()),
+        ("aoti", AOTI, "aotinductor", _load_aoti),
+    ):
         if name in formats:
             loaded = load(str(folder / artifact))
             # The AOTI package is compiled for the CPU here; the ExportedProgram runs where the reference does.
             where = device if name == "pt2" else torch.device("cpu")
             if name == "pt2":
-                loaded = loaded.to(where)
+                loaded = loaded.to(where)  # type: ignore[union-attr]
 
             def run_loaded(b: torch.Tensor, m=loaded, where=where) -> np.ndarray:
                 with torch.inference_mode():
@@ -136,27 +157,47 @@ def run_parity(model: nn.Module, folder: Path, inputs: torch.Tensor, formats: li
         outputs = [run(b) for b in batches]
         max_abs, max_rel, top1, passed = _compare(np.concatenate(reference), np.concatenate(outputs), tol)
         results.append(Comparison(artifact, runtime, provider, dev, max_abs, max_rel, top1, passed))
-        log.debug("parity %-22s %-22s max abs %.2e  max rel %.2e  top-1 %.1f%%  %s", artifact, provider,
-                 max_abs, max_rel, 100 * top1, "pass" if passed else "FAIL")
+        log.debug(
+            "parity %-22s %-22s max abs %.2e  max rel %.2e  top-1 %.1f%%  %s",
+            artifact,
+            provider,
+            max_abs,
+            max_rel,
+            100 * top1,
+            "pass" if passed else "FAIL",
+        )
     return results
 
 
-def summary_table(results: list[Comparison], device: torch.device, fp16: bool, tol: Tolerance, num_inputs: int) -> list[str]:
+def summary_table(
+    results: list[Comparison], device: torch.device, fp16: bool, tol: Tolerance, num_inputs: int
+) -> list[str]:
     """The parity result as a few lines a person reads at a glance (printed, and kept in the manifest)."""
-    lines = [f"parity against the eager model on {device} ({'fp16 artifacts' if fp16 else 'fp32, TF32 off'}; "
-             f"{num_inputs} inputs; pass: |diff| <= {tol.atol:g} + {tol.rtol:g} x |ref| and top-1 >= "
-             f"{100 * tol.min_top1:g}%)",
-             f"  {'artifact':<22} {'runtime / provider':<34} {'max abs':>9} {'max rel':>9} {'top-1':>7}  result"]
+    lines = [
+        f"parity against the eager model on {device} ({'fp16 artifacts' if fp16 else 'fp32, TF32 off'}; "
+        f"{num_inputs} inputs; pass: |diff| <= {tol.atol:g} + {tol.rtol:g} x |ref| and top-1 >= "
+        f"{100 * tol.min_top1:g}%)",
+        f"  {'artifact':<22} {'runtime / provider':<34} {'max abs':>9} {'max rel':>9} {'top-1':>7}  result",
+    ]
     for r in results:
-        lines.append(f"  {r.artifact:<22} {r.runtime + ' / ' + r.provider:<34} {r.max_abs_error:9.2e} "
-                     f"{r.max_rel_error:9.2e} {100 * r.top1_agreement:6.1f}%  {'pass' if r.passed else 'FAIL'}")
+        lines.append(
+            f"  {r.artifact:<22} {r.runtime + ' / ' + r.provider:<34} {r.max_abs_error:9.2e} "
+            f"{r.max_rel_error:9.2e} {100 * r.top1_agreement:6.1f}%  {'pass' if r.passed else 'FAIL'}"
+        )
     if not results:
         lines.append("  (no computing artifact: nothing to compare)")
     return lines
 
 
-def parity_report(results: list[Comparison], device: torch.device, fp16: bool, tol: Tolerance,
-                  precision: dict[str, Any], num_inputs: int, inputs_described: str) -> dict[str, Any]:
+def parity_report(
+    results: list[Comparison],
+    device: torch.device,
+    fp16: bool,
+    tol: Tolerance,
+    precision: dict[str, Any],
+    num_inputs: int,
+    inputs_described: str,
+) -> dict[str, Any]:
     """The manifest's `parity` block. With no computing artifact (safetensors only) nothing was compared:
     `pass` is None ("not checked"), never True."""
     return {

@@ -90,8 +90,9 @@ def _args(obj: dict[str, Any]) -> dict[str, Any]:
 def _find_ema(obj: dict[str, Any]) -> tuple[str, dict[str, torch.Tensor]] | None:
     """EMA weights beside the trained ones: torchvision's `model_ema` (an AveragedModel's state, with its
     `n_averaged` counter), timm's `state_dict_ema`, or any other `*ema*` entry holding tensors."""
-    keys = [k for k in EMA_KEYS if k in obj] + [k for k in obj if isinstance(k, str) and "ema" in k.lower()
-                                                and k not in EMA_KEYS]
+    keys = [k for k in EMA_KEYS if k in obj] + [
+        k for k in obj if isinstance(k, str) and "ema" in k.lower() and k not in EMA_KEYS
+    ]
     for key in keys:
         value = obj[key]
         if isinstance(value, dict) and value:
@@ -103,16 +104,24 @@ def _find_ema(obj: dict[str, Any]) -> tuple[str, dict[str, torch.Tensor]] | None
 
 def _torchvision_reference_hints(args: dict[str, Any]) -> dict[str, Any]:
     """torchvision's references/classification/train.py: --val-resize-size, --val-crop-size, --interpolation."""
-    hints = {"image_size": args.get("val_crop_size"), "resize": args.get("val_resize_size"),
-             "interpolation": args.get("interpolation")}
+    hints = {
+        "image_size": args.get("val_crop_size"),
+        "resize": args.get("val_resize_size"),
+        "interpolation": args.get("interpolation"),
+    }
     return {k: v for k, v in hints.items() if v is not None}
 
 
 def _timm_hints(args: dict[str, Any]) -> dict[str, Any]:
     """timm's train.py: --img-size / --input-size, --crop-pct, --interpolation, --mean, --std (None: the model's)."""
     size = args.get("img_size") or (args.get("input_size") or [None])[-1]
-    hints = {"image_size": size, "crop_pct": args.get("crop_pct"), "interpolation": args.get("interpolation") or None,
-             "mean": args.get("mean"), "std": args.get("std")}
+    hints = {
+        "image_size": size,
+        "crop_pct": args.get("crop_pct"),
+        "interpolation": args.get("interpolation") or None,
+        "mean": args.get("mean"),
+        "std": args.get("std"),
+    }
     return {k: v for k, v in hints.items() if v is not None}
 
 
@@ -174,21 +183,28 @@ def _from_container(obj: Any, src: Source) -> Source:
         src.kind, src.state_dict = "state_dict", obj
         return src
     keys = ", ".join(sorted(map(str, obj))[:8])
-    raise CheckpointError(f"{src.path}: found no weights (top-level keys: {keys}); expected a state_dict, "
-                          "'state_dict', 'model', or a handoff checkpoint")
+    raise CheckpointError(
+        f"{src.path}: found no weights (top-level keys: {keys}); expected a state_dict, "
+        "'state_dict', 'model', or a handoff checkpoint"
+    )
 
 
 def choose_weights(src: Source, ema: bool) -> Source:
     """Make `src.state_dict` the trained weights, or with `ema` the EMA weights (CheckpointError if none)."""
     if ema:
         if src.ema_state_dict is None:
-            raise CheckpointError(f"--ema: {src.path} holds no EMA weights (looked for {', '.join(EMA_KEYS)} and "
-                                  "any other *ema* entry); drop --ema to export the trained weights")
+            raise CheckpointError(
+                f"--ema: {src.path} holds no EMA weights (looked for {', '.join(EMA_KEYS)} and "
+                "any other *ema* entry); drop --ema to export the trained weights"
+            )
         log.info("exporting the EMA weights (%s)", src.ema_key)
         src.state_dict, src.ema_chosen = src.ema_state_dict, True
     elif src.ema_state_dict is not None:
-        log.info("%s also holds EMA weights (%s); exporting the trained weights, pass --ema for those",
-                 src.path.name, src.ema_key)
+        log.info(
+            "%s also holds EMA weights (%s); exporting the trained weights, pass --ema for those",
+            src.path.name,
+            src.ema_key,
+        )
     return src
 
 

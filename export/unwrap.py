@@ -35,7 +35,7 @@ def _candidates(key: str) -> list[tuple[str, tuple[str, ...], str | None]]:
     """(new key, wrapper segments removed, attribute prefix removed), fewest removals first."""
     parts = key.split(".")
     positions = [i for i, part in enumerate(parts) if part in WRAPPER_SEGMENTS]
-    out = []
+    out: list[tuple[str, tuple[str, ...], str | None]] = []
     for count in range(len(positions) + 1):
         for drop in combinations(positions, count):
             kept = [p for i, p in enumerate(parts) if i not in drop]
@@ -84,7 +84,8 @@ def strict_load(model: nn.Module, state: dict[str, torch.Tensor], arch_hint: str
     unexpected = [k for k in state if k not in own]
     shapes = [
         f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in own if k in state and state[k].shape != own[k].shape
+        for k in own
+        if k in state and state[k].shape != own[k].shape
     ]
     if missing or unexpected or shapes:
         lines = [f"the weights do not fit {arch_hint}:"]

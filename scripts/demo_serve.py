@@ -28,7 +28,6 @@ from train.models import build_model
 from train.presets import Preprocessing, eval_transform
 
 
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("export_dir", type=Path, help="a folder written by `python -m export`")
@@ -41,7 +40,9 @@ def main() -> int:
 
     model = build_model(manifest["arch"], manifest["num_classes"], manifest["preprocess"]["crop"])
     model.load_state_dict(load(manifest["source"]["checkpoint"])["model"])
-    transform = eval_transform(Preprocessing(crop=manifest["preprocess"]["crop"], resize=manifest["preprocess"]["resize"]))
+    transform = eval_transform(
+        Preprocessing(crop=manifest["preprocess"]["crop"], resize=manifest["preprocess"]["resize"])
+    )
     with torch.inference_mode():
         eager = model.eval()(torch.stack([transform(img) for img in images])).argmax(1).tolist()
 
@@ -65,11 +66,17 @@ def main() -> int:
 
     agree = sum(a == b for a, b in zip(served, eager))
     print(f"served by bentoml ({info['runtime']} on {info['device']}, {info['provider']}): ready in {ready_s:.1f}s")
-    print(f"{len(images)} digits over HTTP: served acc1 {accuracy(served):.2f}%  eager acc1 {accuracy(eager):.2f}%  "
-          f"top-1 agreement {agree}/{len(images)}")
-    print(f"single-request latency (concurrency 1): median {1000 * statistics.median(latencies):.1f} ms, "
-          f"max {1000 * max(latencies):.1f} ms")
-    print(f"try it in a browser: HANDOFF_MODEL_DIR={args.export_dir} .venv/bin/bentoml serve, then open http://localhost:3000/")
+    print(
+        f"{len(images)} digits over HTTP: served acc1 {accuracy(served):.2f}%  eager acc1 {accuracy(eager):.2f}%  "
+        f"top-1 agreement {agree}/{len(images)}"
+    )
+    print(
+        f"single-request latency (concurrency 1): median {1000 * statistics.median(latencies):.1f} ms, "
+        f"max {1000 * max(latencies):.1f} ms"
+    )
+    print(
+        f"try it in a browser: HANDOFF_MODEL_DIR={args.export_dir} .venv/bin/bentoml serve, then open http://localhost:3000/"
+    )
     return 0 if agree == len(images) else 1
 
 

@@ -63,8 +63,12 @@ class Report:
         return details
 
     def write(self) -> None:
-        record = {"mode": self.mode, "passed": all(s.ok for s in self.steps), "environment": self.environment,
-                  "steps": [asdict(s) for s in self.steps]}
+        record = {
+            "mode": self.mode,
+            "passed": all(s.ok for s in self.steps),
+            "environment": self.environment,
+            "steps": [asdict(s) for s in self.steps],
+        }
         self.path.write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -81,11 +85,18 @@ def sh(cmd: list[str], log: Path, timeout: float = 600, **env: str) -> str:
 def environment(device: str) -> dict[str, Any]:
     import torch
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                            "cuda_available": torch.cuda.is_available(), "requested_device": device}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "requested_device": device,
+    }
     if torch.cuda.is_available():
-        info |= {"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda,
-                 "cudnn": torch.backends.cudnn.version()}
+        info |= {
+            "gpu": torch.cuda.get_device_name(0),
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+        }
     for package in ("torchvision", "onnx", "onnxruntime", "bentoml"):
         try:
             info[package] = __import__(package).__version__
@@ -102,16 +113,30 @@ def environment(device: str) -> dict[str, Any]:
 
 def train_and_resume(out: Path, device: str) -> dict[str, Any]:
     run = out / "run"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                "train/main.py", "--out", str(run), "--workers", "2"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "train/main.py",
+        "--out",
+        str(run),
+        "--workers",
+        "2",
+    ]
     first = sh([*torchrun, "--epochs", "1"], out / "train.log")
     second = sh([*torchrun, "--epochs", "2"], out / "resume.log")
     backend = re.search(r"backend (\w+), device (\S+)", first)
     accuracy = re.search(r"val acc1 ([\d.]+)%", second)
     if "resuming from" not in second:
         raise RuntimeError("the second run did not resume from the first one's checkpoint")
-    details = {"backend": backend.group(1) if backend else None, "device": backend.group(2) if backend else None,
-               "val_acc1_after_resume": float(accuracy.group(1)) if accuracy else None}
+    details = {
+        "backend": backend.group(1) if backend else None,
+        "device": backend.group(2) if backend else None,
+        "val_acc1_after_resume": float(accuracy.group(1)) if accuracy else None,
+    }
     expected_backend = "nccl" if device == "cuda" else "gloo"
     if details["backend"] != expected_backend:
         raise RuntimeError(f"trained with backend {details['backend']}, expected {expected_backend}")
@@ -127,14 +152,34 @@ def export_with_parity(out: Path, arch: str, device: str, fp16: bool, image_size
         torch.manual_seed(0)
         torch.save({"arch": arch, "state_dict": torchvision.models.get_model(arch).state_dict()}, checkpoint)
     folder = out / f"{arch}{'_fp16' if fp16 else ''}.export"
-    sh([sys.executable, "-m", "export", str(checkpoint), "--device", device, "--out", str(folder), "--no-bento",
-        "--image-size", str(image_size), *(["--fp16"] if fp16 else [])], out / f"export{'_fp16' if fp16 else ''}.log")
+    sh(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            str(checkpoint),
+            "--device",
+            device,
+            "--out",
+            str(folder),
+            "--no-bento",
+            "--image-size",
+            str(image_size),
+            *(["--fp16"] if fp16 else []),
+        ],
+        out / f"export{'_fp16' if fp16 else ''}.log",
+    )
     manifest = json.loads((folder / "manifest.json").read_text())
     parity = manifest["parity"]
     if device == "cuda" and not any(r["device"] == "cuda" for r in parity["results"]):
         raise RuntimeError("no artifact was compared on CUDA")
-    return {"folder": str(folder), "device": parity["device"], "precision": parity["precision"],
-            "results": parity["results"], "pass": parity["pass"]}
+    return {
+        "folder": str(folder),
+        "device": parity["device"],
+        "precision": parity["precision"],
+        "results": parity["results"],
+        "pass": parity["pass"],
+    }
 
 
 def serve_on_device(out: Path, folder: str, device: str) -> dict[str, Any]:
@@ -155,17 +200,39 @@ def serve_on_device(out: Path, folder: str, device: str) -> dict[str, Any]:
         raise RuntimeError(f"/info reports {info.get('provider')} on {info.get('device')}, expected {expected}")
     if answer.status_code != 200:
         raise RuntimeError(f"/classify answered {answer.status_code}: {answer.text[:200]}")
-    return {"ready_s": round(ready_s, 2), "info": {k: info.get(k) for k in ("runtime", "provider", "device", "ready")},
-            "top1": answer.json()["predictions"][0]}
+    return {
+        "ready_s": round(ready_s, 2),
+        "info": {k: info.get(k) for k in ("runtime", "provider", "device", "ready")},
+        "top1": answer.json()["predictions"][0],
+    }
 
 
 def serving_benchmark(out: Path, folder: str, device: str, requests: int, rounds: int) -> dict[str, Any]:
-    sh([sys.executable, "bench/serve_throughput.py", "--device", device, "--export", folder,
-        "--requests", str(requests), "--rounds", str(rounds), "--results-dir", str(out)], out / "bench.log", timeout=900)
+    sh(
+        [
+            sys.executable,
+            "bench/serve_throughput.py",
+            "--device",
+            device,
+            "--export",
+            folder,
+            "--requests",
+            str(requests),
+            "--rounds",
+            str(rounds),
+            "--results-dir",
+            str(out),
+        ],
+        out / "bench.log",
+        timeout=900,
+    )
     result = json.loads((out / f"serve_throughput_{device}.json").read_text())
     ours = result["services"]["ours"]
-    return {"limit_images_per_s": result["limit"]["images_per_s"], "ratios": result["ratios"],
-            "ours": {c: {k: ours[c][k] for k in ("images_per_s", "p50_ms", "p99_ms", "errors")} for c in ("1", "16", "64")}}
+    return {
+        "limit_images_per_s": result["limit"]["images_per_s"],
+        "ratios": result["ratios"],
+        "ours": {c: {k: ours[c][k] for k in ("images_per_s", "p50_ms", "p99_ms", "errors")} for c in ("1", "16", "64")},
+    }
 
 
 def tensorrt(out: Path, folder: str) -> dict[str, Any]:
@@ -181,7 +248,9 @@ def tensorrt(out: Path, folder: str) -> dict[str, Any]:
     options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": cache}
     model = str(Path(folder) / "model.onnx")
     try:
-        session = ort.InferenceSession(model, providers=[("TensorrtExecutionProvider", options), "CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            model, providers=[("TensorrtExecutionProvider", options), "CPUExecutionProvider"]
+        )
     except Exception as err:  # noqa: BLE001 - the reason is the result
         return {"loaded": False, "why": f"{type(err).__name__}: {str(err)[:300]}"}
     active = session.get_providers()[0]
@@ -190,7 +259,9 @@ def tensorrt(out: Path, folder: str) -> dict[str, Any]:
     shape = [1 if d in (-1, None) or isinstance(d, str) else d for d in session.get_inputs()[0].shape]
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     trt_out = session.run(None, {session.get_inputs()[0].name: x})[0]
-    cpu = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {session.get_inputs()[0].name: x})[0]
+    cpu = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {session.get_inputs()[0].name: x})[
+        0
+    ]
     return {"loaded": True, "max_abs_error_vs_cpu": float(np.abs(trt_out - cpu).max()), "engine_cache": cache}
 
 
@@ -208,12 +279,20 @@ def main() -> int:
     report.environment = environment(device)
     report.write()
     if device == "cuda" and not report.environment["cuda_available"]:
-        print("gpu_check: torch sees no CUDA device; run with --dry-run-cpu to check the steps on the CPU", file=sys.stderr)
+        print(
+            "gpu_check: torch sees no CUDA device; run with --dry-run-cpu to check the steps on the CPU",
+            file=sys.stderr,
+        )
         return 2
 
     report.run("train one epoch, then resume", lambda: train_and_resume(args.out, device))
-    fp32 = report.run(f"export {arch} with parity (fp32, TF32 off)", lambda: export_with_parity(args.out, arch, device, False, image_size))
-    report.run(f"export {arch} with parity (fp16)", lambda: export_with_parity(args.out, arch, device, True, image_size))
+    fp32 = report.run(
+        f"export {arch} with parity (fp32, TF32 off)",
+        lambda: export_with_parity(args.out, arch, device, False, image_size),
+    )
+    report.run(
+        f"export {arch} with parity (fp16)", lambda: export_with_parity(args.out, arch, device, True, image_size)
+    )
     if fp32:
         report.run("serve with bentoml on the device", lambda: serve_on_device(args.out, fp32["folder"], device))
         requests, rounds = (30, 1) if args.dry_run_cpu else (400, 3)

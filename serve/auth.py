@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -43,8 +44,18 @@ class ApiKeyGate:
             return await self.app(scope, receive, send)
         if key_is_valid(_token(scope), self.keys):
             return await self.app(scope, receive, send)
-        body = json.dumps({"error": "this service needs an API key: send the header `Authorization: Bearer KEY`"}).encode()
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b'Bearer realm="handoff"')]})
+        body = json.dumps(
+            {"error": "this service needs an API key: send the header `Authorization: Bearer KEY`"}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Bearer realm="handoff"'),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -9,7 +9,7 @@ keeps BentoML's adaptive batching algorithm and hands it arrays, not JSON.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 import numpy as np
@@ -23,8 +23,13 @@ class ModelBatcher:
     def __init__(self, model: Callable[[np.ndarray], np.ndarray], max_batch_size: int, max_latency_ms: int) -> None:
         self.model = model
         self.limiter = anyio.CapacityLimiter(1)  # one model call at a time: the runtime uses every core itself
-        dispatcher = CorkDispatcher(max_latency_ms, max_batch_size, fallback=self._overloaded,
-                                    get_batch_size=lambda array: array.shape[0], batch_dim=(0, 0))
+        dispatcher: CorkDispatcher[np.ndarray, np.ndarray] = CorkDispatcher(
+            max_latency_ms,
+            max_batch_size,
+            fallback=self._overloaded,  # type: ignore[arg-type]
+            get_batch_size=lambda array: array.shape[0],
+            batch_dim=(0, 0),
+        )
         self._call = dispatcher(self._run)
 
     @staticmethod
@@ -37,4 +42,4 @@ class ModelBatcher:
         return np.split(outputs, sizes)
 
     async def __call__(self, batch: np.ndarray) -> np.ndarray:
-        return await self._call(batch)
+        return await self._call(batch)  # type: ignore[return-value]

@@ -7,9 +7,10 @@ README's table, the Kubernetes manifest in deploy/ and the tests check against t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def _env_int(name: str, value: str) -> int:
@@ -73,16 +74,19 @@ class ServeConfig:
     """decompression-bomb guard: larger images are refused before decoding"""
 
     def __post_init__(self) -> None:
-        for name, value, least in (("HANDOFF_MAX_BATCH_SIZE", self.max_batch_size, 2),
-                                   ("HANDOFF_TIMEOUT_S", self.timeout_s, 1),
-                                   ("HANDOFF_MAX_CONCURRENCY", self.max_concurrency, 1),
-                                   ("HANDOFF_WORKERS", self.workers, 1),
-                                   ("HANDOFF_BODY_TIMEOUT_S", self.body_timeout_s, 1)):
+        for name, value, least in (
+            ("HANDOFF_MAX_BATCH_SIZE", self.max_batch_size, 2),
+            ("HANDOFF_TIMEOUT_S", self.timeout_s, 1),
+            ("HANDOFF_MAX_CONCURRENCY", self.max_concurrency, 1),
+            ("HANDOFF_WORKERS", self.workers, 1),
+            ("HANDOFF_BODY_TIMEOUT_S", self.body_timeout_s, 1),
+        ):
             if value < least:
                 raise ValueError(f"{name}={value}: must be at least {least}")
         if self.model_sha256 is not None and len(self.model_sha256) != 64:
-            raise ValueError(f"HANDOFF_MODEL_SHA256={self.model_sha256!r}: expected 64 hex digits "
-                             "(sha256sum EXPORT/manifest.json)")
+            raise ValueError(
+                f"HANDOFF_MODEL_SHA256={self.model_sha256!r}: expected 64 hex digits (sha256sum EXPORT/manifest.json)"
+            )
 
     @property
     def max_body_bytes(self) -> int:

@@ -9,7 +9,8 @@ most the body deadline, never the slots the model's requests need."""
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 
@@ -20,8 +21,13 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 async def _json_error(send: Send, status: int, message: str) -> None:
     body = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -77,8 +83,15 @@ async def _form_problem(scope: Scope, body: bytes, fields: dict[str, str]) -> st
 
 
 class RequestLimits:
-    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int, content_types: dict[str, str],
-                 form_fields: dict[str, dict[str, str]], max_concurrency: int, body_timeout_s: float) -> None:
+    def __init__(
+        self,
+        app: Callable[..., Awaitable[None]],
+        max_bytes: int,
+        content_types: dict[str, str],
+        form_fields: dict[str, dict[str, str]],
+        max_concurrency: int,
+        body_timeout_s: float,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.body_timeout_s = body_timeout_s
@@ -102,7 +115,9 @@ class RequestLimits:
         expected = self.content_types.get(scope["path"])
         sent = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if expected and sent != expected:
-            return await _json_error(send, 415, f"{scope['path']} takes {expected}, not {sent or 'a body without a type'}")
+            return await _json_error(
+                send, 415, f"{scope['path']} takes {expected}, not {sent or 'a body without a type'}"
+            )
         if self.reading.value == 0:
             return await _json_error(send, 429, "too many uploads in progress; retry shortly")
         async with self.reading:

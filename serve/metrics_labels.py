@@ -30,4 +30,4 @@ def bound_metric_labels(known_paths: set[str]) -> None:
                 scope = {**scope, "path": UNKNOWN, "raw_path": UNKNOWN.encode()}
             await super().__call__(scope, receive, send)
 
-    instruments.RunnerTrafficMetricsMiddleware = BoundedPathMetrics
+    instruments.RunnerTrafficMetricsMiddleware = BoundedPathMetrics  # type: ignore[misc]

@@ -22,10 +22,16 @@ def _inline_hash(page: str, tag: str) -> str:
 
 
 def page_headers(page: str) -> dict[str, str]:
-    policy = (f"default-src 'none'; script-src {_inline_hash(page, 'script')}; style-src {_inline_hash(page, 'style')}; "
-              "img-src blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-    return {"content-security-policy": policy, "x-content-type-options": "nosniff", "x-frame-options": "DENY",
-            "referrer-policy": "no-referrer"}
+    policy = (
+        f"default-src 'none'; script-src {_inline_hash(page, 'script')}; style-src {_inline_hash(page, 'style')}; "
+        "img-src blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+    return {
+        "content-security-policy": policy,
+        "x-content-type-options": "nosniff",
+        "x-frame-options": "DENY",
+        "referrer-policy": "no-referrer",
+    }
 
 
 PAGE_HEADERS = page_headers(PAGE.read_text())

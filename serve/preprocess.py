@@ -16,8 +16,11 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 ACCEPTED_FORMATS = {"JPEG", "PNG", "WEBP", "BMP", "GIF"}
-_RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
-             "bicubic": Image.Resampling.BICUBIC}
+_RESAMPLE = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+}
 
 
 class BadImage(ValueError):
@@ -38,12 +41,16 @@ class Preprocessor:
     max_pixels: int
 
     @classmethod
-    def from_manifest(cls, preprocess: dict[str, Any], max_pixels: int) -> "Preprocessor":
+    def from_manifest(cls, preprocess: dict[str, Any], max_pixels: int) -> Preprocessor:
         shape = (-1, 1, 1)
-        return cls(int(preprocess["resize"]), int(preprocess["crop"]),
-                   np.asarray(preprocess["mean"], dtype=np.float32).reshape(shape),
-                   np.asarray(preprocess["std"], dtype=np.float32).reshape(shape),
-                   preprocess["interpolation"], max_pixels)
+        return cls(
+            int(preprocess["resize"]),
+            int(preprocess["crop"]),
+            np.asarray(preprocess["mean"], dtype=np.float32).reshape(shape),
+            np.asarray(preprocess["std"], dtype=np.float32).reshape(shape),
+            preprocess["interpolation"],
+            max_pixels,
+        )
 
     def decode(self, data: bytes) -> Image.Image:
         """Open, check and normalise an upload to an 8-bit RGB image, upright per its EXIF orientation."""
@@ -63,13 +70,13 @@ class Preprocessor:
             raise BadImage(f"unsupported image format {image.format}; send JPEG, PNG, WebP, BMP or GIF", status=415)
         width, height = image.size
         if width * height > self.max_pixels:  # checked before any pixel is decoded
-            raise BadImage(f"image is {width}x{height} = {width * height} pixels, above the limit of "
-                           f"{self.max_pixels}", status=413)
+            raise BadImage(
+                f"image is {width}x{height} = {width * height} pixels, above the limit of {self.max_pixels}", status=413
+            )
         try:
             image.seek(0)  # animated GIF/WebP: the first frame
             image.load()
-            image = ImageOps.exif_transpose(image)
-            return _to_8_bit(image)
+            return _to_8_bit(ImageOps.exif_transpose(image))
         except (OSError, SyntaxError, ValueError) as err:
             raise BadImage(f"the image data is damaged or truncated ({err})") from None
 

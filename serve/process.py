@@ -25,8 +25,9 @@ def free_port() -> int:
 
 
 class BentoServer:
-    def __init__(self, log: Path, target: str | None = None, cwd: Path = ROOT, bentoml: Path | None = None,
-                 **env: str) -> None:
+    def __init__(
+        self, log: Path, target: str | None = None, cwd: Path = ROOT, bentoml: Path | None = None, **env: str
+    ) -> None:
         """`target` is what `bentoml serve` serves (default: the bentofile in `cwd`); `bentoml` the executable
         (default: this environment's); `env` adds variables."""
         self.port = free_port()
@@ -35,8 +36,14 @@ class BentoServer:
         self.started = time.monotonic()
         bentoml = bentoml or Path(sys.executable).parent / "bentoml"
         cmd = [str(bentoml), "serve", *([target] if target else []), "--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **env}, stdout=open(log, "w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env={**os.environ, **env},
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def status(self, path: str) -> int | None:
         try:
@@ -48,8 +55,9 @@ class BentoServer:
         deadline = time.monotonic() + timeout
         while self.status(path) != 200:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"bentoml serve exited ({self.proc.returncode}); log: {self.log}\n"
-                                   + self.log.read_text()[-3000:])
+                raise RuntimeError(
+                    f"bentoml serve exited ({self.proc.returncode}); log: {self.log}\n" + self.log.read_text()[-3000:]
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.url}{path} not 200 after {timeout}s; log: {self.log}")
             time.sleep(0.1)
@@ -71,7 +79,7 @@ class BentoServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
 
-    def __enter__(self) -> "BentoServer":
+    def __enter__(self) -> BentoServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

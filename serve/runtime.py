@@ -46,8 +46,12 @@ def onnx_providers(device: str, tensorrt_cache: str | None = None) -> list[Any]:
     if device == "cuda" or (device == "auto" and gpu_present()):
         preload_cuda_libraries()
         if tensorrt_cache is not None:
-            wanted.append(("TensorrtExecutionProvider", {"trt_engine_cache_enable": True,
-                                                         "trt_engine_cache_path": tensorrt_cache}))
+            wanted.append(
+                (
+                    "TensorrtExecutionProvider",
+                    {"trt_engine_cache_enable": True, "trt_engine_cache_path": tensorrt_cache},
+                )
+            )
         wanted.append(("CUDAExecutionProvider", {"use_tf32": 0}))
     wanted.append("CPUExecutionProvider")
     return wanted
@@ -56,8 +60,9 @@ def onnx_providers(device: str, tensorrt_cache: str | None = None) -> list[Any]:
 class OnnxRuntime:
     name = "onnx"
 
-    def __init__(self, model: bytes, external_data: bytes | None, device: str, dtype: str,
-                 tensorrt_cache: str | None = None) -> None:
+    def __init__(
+        self, model: bytes, external_data: bytes | None, device: str, dtype: str, tensorrt_cache: str | None = None
+    ) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -74,8 +79,10 @@ class OnnxRuntime:
         self.provider = self.session.get_providers()[0]
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
         if device == "cuda" and self.device != "cuda":
-            raise RuntimeUnavailable(f"HANDOFF_DEVICE=cuda but ONNX Runtime runs on {self.provider} "
-                                     f"(available: {', '.join(ort.get_available_providers())}; is a GPU visible?)")
+            raise RuntimeUnavailable(
+                f"HANDOFF_DEVICE=cuda but ONNX Runtime runs on {self.provider} "
+                f"(available: {', '.join(ort.get_available_providers())}; is a GPU visible?)"
+            )
         self.dtype = np.float16 if dtype == "float16" else np.float32
         self.input_name = self.session.get_inputs()[0].name
 
@@ -91,8 +98,10 @@ class TorchScriptRuntime:
         try:
             import torch
         except ImportError:
-            raise RuntimeUnavailable("HANDOFF_RUNTIME=torchscript needs torch, which this environment does not have "
-                                     "(a Bento serves ONNX without it); use HANDOFF_RUNTIME=onnx") from None
+            raise RuntimeUnavailable(
+                "HANDOFF_RUNTIME=torchscript needs torch, which this environment does not have "
+                "(a Bento serves ONNX without it); use HANDOFF_RUNTIME=onnx"
+            ) from None
 
         has_cuda = torch.cuda.is_available()
         if device == "cuda" and not has_cuda:
@@ -131,13 +140,21 @@ def runtime_artifact(kind: str, precision: str, manifest: dict[str, Any]) -> str
     if not int8:
         raise RuntimeUnavailable("HANDOFF_PRECISION=int8 but this export has no INT8 artifact (export with --int8)")
     if not int8.get("passed"):
-        raise RuntimeUnavailable(f"HANDOFF_PRECISION=int8 but {ONNX_INT8} failed its accuracy gate "
-                                 f"(drop {int8.get('drop')} points, allowed {int8.get('max_drop')})")
+        raise RuntimeUnavailable(
+            f"HANDOFF_PRECISION=int8 but {ONNX_INT8} failed its accuracy gate "
+            f"(drop {int8.get('drop')} points, allowed {int8.get('max_drop')})"
+        )
     return ONNX_INT8
 
 
-def load_runtime(kind: str, folder: Path, manifest: dict[str, Any], device: str, precision: str = "fp32",
-                 tensorrt_cache: str | None = None) -> Runtime:
+def load_runtime(
+    kind: str,
+    folder: Path,
+    manifest: dict[str, Any],
+    device: str,
+    precision: str = "fp32",
+    tensorrt_cache: str | None = None,
+) -> Runtime:
     """The runtime `kind` on `device` at `precision`, built from the manifest-verified bytes of its artifact;
     `tensorrt_cache` set: ONNX Runtime tries TensorRT first, keeping its engines there."""
     if device not in DEVICES:
@@ -148,8 +165,9 @@ def load_runtime(kind: str, folder: Path, manifest: dict[str, Any], device: str,
     runtime: Runtime
     if kind == "onnx":
         external = (manifest.get("onnx") or {}).get("external_data") and artifact == ONNX
-        runtime = OnnxRuntime(model, read_artifact(folder, manifest, ONNX_DATA) if external else None, device, dtype,
-                              tensorrt_cache)
+        runtime = OnnxRuntime(
+            model, read_artifact(folder, manifest, ONNX_DATA) if external else None, device, dtype, tensorrt_cache
+        )
     else:
         runtime = TorchScriptRuntime(model, device, dtype)
     log.info("runtime %s on %s (%s)", runtime.name, runtime.device, runtime.provider)

@@ -60,8 +60,9 @@ class ClientErrorsAtInfo(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         status = getattr(getattr(error, "error_code", None), "value", 500)
         if record.levelno >= logging.ERROR and error is not None and 400 <= status < 500:
+            path, method = record.args if isinstance(record.args, tuple) and len(record.args) == 2 else ("?", "?")
             record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg, record.args = "%s %s: %d %s", (*(record.args or ("?", "?"))[1::-1], status, str(error)[:200])
+            record.msg, record.args = "%s %s: %d %s", (method, path, status, str(error)[:200])
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -106,15 +107,27 @@ class HandoffClassifier:
             self.not_ready = self._short(f"cannot load the model: {type(err).__name__}: {err}")
             log.exception("not ready")
             return
-        log.info("ready in %.1fs: %s on %s (%s), warm for batch sizes %s", time.monotonic() - started,
-                 self.manifest["arch"], self.runtime.device, self.runtime.provider, CONFIG.batch_buckets())
+        log.info(
+            "ready in %.1fs: %s on %s (%s), warm for batch sizes %s",
+            time.monotonic() - started,
+            self.manifest["arch"],
+            self.runtime.device,
+            self.runtime.provider,
+            CONFIG.batch_buckets(),
+        )
 
     def _load(self) -> None:
         self.folder = CONFIG.locate_model()
         self.manifest = read_manifest(self.folder, CONFIG.model_sha256)
         # Served only from bytes checked against the manifest: a tampered, missing or unlisted file is refused.
-        self.runtime = load_runtime(CONFIG.runtime, self.folder, self.manifest, CONFIG.device, CONFIG.precision,
-                                    CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None)
+        self.runtime = load_runtime(
+            CONFIG.runtime,
+            self.folder,
+            self.manifest,
+            CONFIG.device,
+            CONFIG.precision,
+            CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None,
+        )
         self.runtime_artifact = runtime_artifact(CONFIG.runtime, CONFIG.precision, self.manifest)
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
@@ -143,8 +156,11 @@ class HandoffClassifier:
         array = await anyio.to_thread.run_sync(self._prepare, image, limiter=self.decoders)
         probabilities = softmax(await self._logits(array[None]))[0]
         order = np.argsort(-probabilities)[: min(top_k, len(self.classes))]
-        return {"predictions": [{"label": self.classes[i], "index": int(i), "probability": float(probabilities[i])}
-                                for i in order]}
+        return {
+            "predictions": [
+                {"label": self.classes[i], "index": int(i), "probability": float(probabilities[i])} for i in order
+            ]
+        }
 
     def _prepare(self, path: Path) -> np.ndarray:
         try:
@@ -161,7 +177,9 @@ class HandoffClassifier:
         except (ValueError, TypeError, OverflowError):
             raise RequestError("tensor must be a rectangular nested list of numbers within float32's range") from None
         if batch.ndim != 4 or batch.shape[1:] != self.input_shape or batch.shape[0] < 1:
-            raise RequestError(f"tensor has shape {list(batch.shape)}; expected [N, {', '.join(map(str, self.input_shape))}]")
+            raise RequestError(
+                f"tensor has shape {list(batch.shape)}; expected [N, {', '.join(map(str, self.input_shape))}]"
+            )
         if batch.shape[0] > CONFIG.max_batch_size:
             raise RequestError(f"at most {CONFIG.max_batch_size} images per request, got {batch.shape[0]}")
         if not np.isfinite(batch).all():
@@ -176,7 +194,7 @@ class HandoffClassifier:
         return reason if CONFIG.show_paths or not folder else reason.replace(str(Path(folder).parent) + "/", "")
 
     def _source(self) -> dict[str, Any]:
-        """Where the weights came from; absolute paths only with HANDOFF_SHOW_PATHS=1 (they reveal the host's layout)."""
+        """Where the weights came from; absolute paths only with HANDOFF_SHOW_PATHS=1 (they show the host's layout)."""
         source = dict(self.manifest["source"])
         if not CONFIG.show_paths:
             source["checkpoint"] = Path(source["checkpoint"]).name
@@ -190,11 +208,17 @@ class HandoffClassifier:
         return {
             "ready": True,
             "version": VERSION,
-            "model": {"arch": m["arch"], "num_classes": m["num_classes"], "classes": m["classes"],
-                      "input": m["input"], "preprocess": m["preprocess"], "source": self._source(),
-                      "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},
-                      "sha256": m["artifacts"][self.runtime_artifact]["sha256"],
-                      "folder": str(self.folder) if CONFIG.show_paths else self.folder.name},
+            "model": {
+                "arch": m["arch"],
+                "num_classes": m["num_classes"],
+                "classes": m["classes"],
+                "input": m["input"],
+                "preprocess": m["preprocess"],
+                "source": self._source(),
+                "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},
+                "sha256": m["artifacts"][self.runtime_artifact]["sha256"],
+                "folder": str(self.folder) if CONFIG.show_paths else self.folder.name,
+            },
             "runtime": self.runtime.name,
             "precision": CONFIG.precision,
             "provider": self.runtime.provider,
@@ -203,19 +227,37 @@ class HandoffClassifier:
         }
 
 
+SERVICE: Any = HandoffClassifier  # the bentoml.Service the decorator made: middlewares and APIs are set on it
+
+
 def _form_fields(api: Any) -> dict[str, str]:
     """A multipart endpoint's fields, read off its signature, so the limits check cannot drift from it."""
     hints = typing.get_type_hints(api.func)
-    return {name: "file" if hint is Path else "integer" if hint is int else "text"
-            for name, hint in hints.items() if name not in ("return", "self")}
+    return {
+        name: "file" if hint is Path else "integer" if hint is int else "text"
+        for name, hint in hints.items()
+        if name not in ("return", "self")
+    }
 
 
-HandoffClassifier.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys)
-bound_metric_labels({"/", "/info", "/docs.json", "/metrics", "/livez", "/readyz", "/healthz",
-                     *(f"/{name}" for name in HandoffClassifier.apis)})
-HandoffClassifier.add_asgi_middleware(
-    RequestLimits, max_bytes=CONFIG.max_body_bytes,
+SERVICE.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys)
+bound_metric_labels(
+    {
+        "/",
+        "/info",
+        "/docs.json",
+        "/metrics",
+        "/livez",
+        "/readyz",
+        "/healthz",
+        *(f"/{name}" for name in SERVICE.apis),
+    }
+)
+SERVICE.add_asgi_middleware(
+    RequestLimits,
+    max_bytes=CONFIG.max_body_bytes,
     content_types={"/classify": "multipart/form-data", "/predict": "application/json"},
-    form_fields={"/classify": _form_fields(HandoffClassifier.apis["classify"])},
-    max_concurrency=CONFIG.max_concurrency, body_timeout_s=CONFIG.body_timeout_s,
+    form_fields={"/classify": _form_fields(SERVICE.apis["classify"])},
+    max_concurrency=CONFIG.max_concurrency,
+    body_timeout_s=CONFIG.body_timeout_s,
 )

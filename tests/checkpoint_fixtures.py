@@ -91,16 +91,31 @@ def build_all(folder: Path) -> dict[str, Path]:
     save("submodule_wrapped.pth", partly.state_dict())
     save("model_key.pth", {"model": bare, "epoch": 3})
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    save("imagenet_example.pth.tar", {  # what the ImageNet example's save_checkpoint writes
-        "epoch": 90, "arch": ARCH, "state_dict": nn.DataParallel(fresh_model()).state_dict(),
-        "best_acc1": torch.tensor(71.2), "optimizer": optimizer.state_dict(),
-        "scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 30).state_dict(),
-    })
+    save(
+        "imagenet_example.pth.tar",
+        {  # what the ImageNet example's save_checkpoint writes
+            "epoch": 90,
+            "arch": ARCH,
+            "state_dict": nn.DataParallel(fresh_model()).state_dict(),
+            "best_acc1": torch.tensor(71.2),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 30).state_dict(),
+        },
+    )
     lightning = {f"model.{k}": v for k, v in bare.items()}
     lightning["criterion.weight"] = torch.ones(CLASSES)  # a LightningModule's own, non-model state
-    save("lightning.ckpt", {"epoch": 4, "global_step": 400, "pytorch-lightning_version": "2.4.0",
-                            "state_dict": lightning, "hyper_parameters": {"arch": ARCH, "num_classes": CLASSES},
-                            "optimizer_states": [], "lr_schedulers": []})
+    save(
+        "lightning.ckpt",
+        {
+            "epoch": 4,
+            "global_step": 400,
+            "pytorch-lightning_version": "2.4.0",
+            "state_dict": lightning,
+            "hyper_parameters": {"arch": ARCH, "num_classes": CLASSES},
+            "optimizer_states": [],
+            "lr_schedulers": [],
+        },
+    )
     files["cuda3.pth"] = folder / "cuda3.pth"
     save_as_if_on_cuda3(ddp_state_dict(fresh_model()), files["cuda3.pth"])
     from safetensors.torch import save_file
@@ -151,11 +166,28 @@ def torchvision_reference(folder: Path) -> tuple[Path, dict, dict]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     lr_scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 30)
     scaler = torch.amp.GradScaler("cpu")
-    args = argparse.Namespace(model=ARCH, epochs=90, lr=np.float64(0.5), batch_size=32, val_resize_size=36,
-                              val_crop_size=SIZE, train_crop_size=SIZE, interpolation="bilinear", model_ema=True,
-                              model_ema_decay=0.99998, output_dir=str(folder), distributed=True, world_size=8)
-    checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                  "lr_scheduler": lr_scheduler.state_dict(), "epoch": 89, "args": args}
+    args = argparse.Namespace(
+        model=ARCH,
+        epochs=90,
+        lr=np.float64(0.5),
+        batch_size=32,
+        val_resize_size=36,
+        val_crop_size=SIZE,
+        train_crop_size=SIZE,
+        interpolation="bilinear",
+        model_ema=True,
+        model_ema_decay=0.99998,
+        output_dir=str(folder),
+        distributed=True,
+        world_size=8,
+    )
+    checkpoint = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "lr_scheduler": lr_scheduler.state_dict(),
+        "epoch": 89,
+        "args": args,
+    }
     checkpoint["model_ema"] = model_ema.state_dict()
     checkpoint["scaler"] = scaler.state_dict()
     path = folder / "model_89.pth"
@@ -180,10 +212,21 @@ def timm_checkpoint(folder: Path) -> tuple[Path, dict, dict]:
             p.add_(0.05 * torch.randn_like(p))
     ema.update(model)
     optimizer = torch.optim.AdamW(model.parameters())
-    args = argparse.Namespace(model=TIMM_ARCH, img_size=None, input_size=None, crop_pct=None, interpolation="",
-                              mean=None, std=None, num_classes=CLASSES, lr=np.float64(1e-3), epochs=np.int64(300))
-    saver = CheckpointSaver(model, optimizer, args=args, model_ema=ema, checkpoint_dir=str(folder),
-                            recovery_dir=str(folder), max_history=2)
+    args = argparse.Namespace(
+        model=TIMM_ARCH,
+        img_size=None,
+        input_size=None,
+        crop_pct=None,
+        interpolation="",
+        mean=None,
+        std=None,
+        num_classes=CLASSES,
+        lr=np.float64(1e-3),
+        epochs=np.int64(300),
+    )
+    saver = CheckpointSaver(
+        model, optimizer, args=args, model_ema=ema, checkpoint_dir=str(folder), recovery_dir=str(folder), max_history=2
+    )
     saver.save_checkpoint(epoch=0, metric=np.float64(71.5))
     return folder / "model_best.pth.tar", model.state_dict(), ema.module.state_dict()
 

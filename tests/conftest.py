@@ -26,12 +26,19 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "train" / "main.py")
 
 
-
 def torchrun_cmd(nproc: int, *train_args: str, launcher_args: tuple[str, ...] = ()) -> list[str]:
     if not launcher_args:
         launcher_args = ("--standalone",)
-    return [sys.executable, "-m", "torch.distributed.run", *launcher_args, "--nproc-per-node", str(nproc),
-            TRAIN, *train_args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *launcher_args,
+        "--nproc-per-node",
+        str(nproc),
+        TRAIN,
+        *train_args,
+    ]
 
 
 def env() -> dict[str, str]:
@@ -43,8 +50,9 @@ def run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env(), stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
@@ -94,8 +102,15 @@ def eager_from_export(folder: Path):
     pre = manifest["preprocess"]
     model = build_model(manifest["arch"], manifest["num_classes"], pre["crop"])
     model.load_state_dict(load(Path(manifest["source"]["checkpoint"]))["model"])
-    transform = eval_transform(Preprocessing(crop=pre["crop"], resize=pre["resize"], mean=tuple(pre["mean"]),
-                                             std=tuple(pre["std"]), interpolation=pre["interpolation"]))
+    transform = eval_transform(
+        Preprocessing(
+            crop=pre["crop"],
+            resize=pre["resize"],
+            mean=tuple(pre["mean"]),
+            std=tuple(pre["std"]),
+            interpolation=pre["interpolation"],
+        )
+    )
     return model.eval(), transform
 
 
@@ -126,8 +141,10 @@ def missing_cuda_library(python: Path, onnx_model: Path, cwd: Path) -> str:
     """The library ONNX Runtime's CUDA provider fails on in `python`'s environment, after preloading the
     pip-installed CUDA libraries (the service's own preload). On a machine without a GPU, a complete
     environment lacks only the driver, libcuda.so.1."""
-    script = ("import onnxruntime as ort; from export.ort_cuda import preload_cuda_libraries; "
-              f"preload_cuda_libraries(); ort.InferenceSession({str(onnx_model)!r}, providers=['CUDAExecutionProvider'])")
+    script = (
+        "import onnxruntime as ort; from export.ort_cuda import preload_cuda_libraries; "
+        f"preload_cuda_libraries(); ort.InferenceSession({str(onnx_model)!r}, providers=['CUDAExecutionProvider'])"
+    )
     result = subprocess.run([str(python), "-c", script], cwd=cwd, capture_output=True, text=True, timeout=120)
     failure = re.search(r"Failed to load library .*? with error: (\S+?):", result.stderr)
     assert failure, result.stderr[-2000:]
@@ -135,5 +152,6 @@ def missing_cuda_library(python: Path, onnx_model: Path, cwd: Path) -> str:
 
 
 def classify(url: str, data: bytes, name: str = "image.png", field: str = "image", **params) -> httpx.Response:
-    return httpx.post(f"{url}/classify", files={field: (name, data)}, data={k: str(v) for k, v in params.items()},
-                      timeout=60)
+    return httpx.post(
+        f"{url}/classify", files={field: (name, data)}, data={k: str(v) for k, v in params.items()}, timeout=60
+    )

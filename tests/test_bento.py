@@ -14,8 +14,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import yaml
-
 from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_cuda_library, png_bytes
+
 from serve.config import SETTINGS
 from serve.preprocess import Preprocessor
 
@@ -30,11 +30,23 @@ def bento(exported: Path, tmp_path_factory) -> dict:
     env = {**os.environ, "BENTOML_HOME": str(work / "home")}
     checkpoint = json.loads((exported / "manifest.json").read_text())["source"]["checkpoint"]
     out = work / "export"
-    done = subprocess.run([sys.executable, "-m", "export", checkpoint, "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "export", checkpoint, "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
-    built = subprocess.run([str(Path(sys.executable).parent / "bentoml"), "build", "--output", "tag"], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=600)
+    built = subprocess.run(
+        [str(Path(sys.executable).parent / "bentoml"), "build", "--output", "tag"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     tag = built.stdout.strip().splitlines()[-1].removeprefix("__tag__:")
     name, version = tag.split(":")
@@ -43,9 +55,13 @@ def bento(exported: Path, tmp_path_factory) -> dict:
     assert model_tag.split(":")[1] in (path / "bento.yaml").read_text(), "the model is packed into the Bento"
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "-r",
-                                str(path / "env" / "python" / "requirements.txt")],
-                               capture_output=True, text=True, timeout=900, cwd=work)
+    installed = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "-r", str(path / "env" / "python" / "requirements.txt")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=work,
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
     return {"tag": tag, "path": path, "venv": venv, "home": work / "home", "export": out, "cwd": work}
 
@@ -53,8 +69,15 @@ def bento(exported: Path, tmp_path_factory) -> dict:
 def serve_bento(bento: dict, log: Path, **env: str) -> Server:
     """`bentoml serve TAG` run outside the checkout by the fresh environment: only what the Bento carries."""
     assert "PYTHONPATH" not in os.environ, "the checkout must not leak into the Bento's environment"
-    return Server(log, target=bento["tag"], cwd=bento["cwd"], bentoml=bento["venv"] / "bin" / "bentoml",
-                  BENTOML_HOME=str(bento["home"]), PATH=f"{bento['venv'] / 'bin'}:{os.environ['PATH']}", **env)
+    return Server(
+        log,
+        target=bento["tag"],
+        cwd=bento["cwd"],
+        bentoml=bento["venv"] / "bin" / "bentoml",
+        BENTOML_HOME=str(bento["home"]),
+        PATH=f"{bento['venv'] / 'bin'}:{os.environ['PATH']}",
+        **env,
+    )
 
 
 def test_the_built_bento_serves_from_a_torch_free_environment(bento, eager, tmp_path):
@@ -90,8 +113,9 @@ def test_the_built_bento_serves_from_a_torch_free_environment(bento, eager, tmp_
 
 def test_the_bento_carries_every_library_the_cuda_provider_opens(bento):
     """Without a GPU the provider cannot start; in the Bento's environment it must get as far as the driver."""
-    missing = missing_cuda_library(bento["venv"] / "bin" / "python", bento["export"] / "model.onnx",
-                                   cwd=bento["path"] / "src")
+    missing = missing_cuda_library(
+        bento["venv"] / "bin" / "python", bento["export"] / "model.onnx", cwd=bento["path"] / "src"
+    )
     assert missing == "libcuda.so.1", f"the Bento lacks {missing}: only the host's driver may be missing"
 
 

@@ -8,13 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import checkpoint_fixtures as fx
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from conftest import ROOT, TRAIN
+from conftest import run as run_cmd
 
-import checkpoint_fixtures as fx
-from conftest import ROOT, TRAIN, run as run_cmd
 from export.manifest import MANIFEST_FORMAT, sha256_file
 
 WRAPPED = {  # fixture -> wrapper prefixes the exporter must report as removed
@@ -43,8 +44,9 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 def export_cli(*args: str, bento_home: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "BENTOML_HOME": str(bento_home or ROOT / ".no-bento-home")}
-    return subprocess.run([sys.executable, "-m", "export", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "export", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def read_manifest(folder: Path) -> dict:
@@ -68,8 +70,18 @@ def onnx_logits(folder: Path, batch: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("name", sorted(WRAPPED))
 def test_every_wrapper_shape_exports_with_parity(name: str, checkpoints, tmp_path: Path):
     out = tmp_path / "export"
-    result = export_cli(str(checkpoints[name]), "--arch", fx.ARCH, "--image-size", str(fx.SIZE),
-                        "--formats", "onnx", "--out", str(out), "--no-bento")
+    result = export_cli(
+        str(checkpoints[name]),
+        "--arch",
+        fx.ARCH,
+        "--image-size",
+        str(fx.SIZE),
+        "--formats",
+        "onnx",
+        "--out",
+        str(out),
+        "--no-bento",
+    )
     assert result.returncode == 0, result.stderr
     manifest = read_manifest(out)
     assert sorted(manifest["source"]["removed_prefixes"]) == sorted(WRAPPED[name])
@@ -96,8 +108,9 @@ def test_imagenet_example_and_lightning_need_no_flags(checkpoints, tmp_path: Pat
     assert "scikit-learn sample photos" in manifest["parity"]["inputs_described"]
 
     out = tmp_path / "lightning"
-    result = export_cli(str(checkpoints["lightning.ckpt"]), "--image-size", "32", "--formats", "onnx",
-                        "--out", str(out), "--no-bento")
+    result = export_cli(
+        str(checkpoints["lightning.ckpt"]), "--image-size", "32", "--formats", "onnx", "--out", str(out), "--no-bento"
+    )
     assert result.returncode == 0, result.stderr
     manifest = read_manifest(out)
     assert manifest["source"]["removed_prefixes"] == ["model. (attribute prefix)"]
@@ -128,11 +141,12 @@ def test_trainer_checkpoint_end_to_end(tmp_path: Path, bento_home: Path):
     assert json.loads(props["handoff.classes"]) == manifest["classes"]
     assert json.loads(props["handoff.preprocess"]) == manifest["preprocess"]
     # Compare the ONNX output with the eager model ourselves, on real digits at several batch sizes.
+    from PIL import Image
+
     from train.checkpoint import load
     from train.data import digits_split
     from train.models import build_model
     from train.presets import Preprocessing, eval_transform
-    from PIL import Image
 
     model = build_model("resnet18", 10, 32)
     model.load_state_dict(load(run_dir / "last.pt")["model"])
@@ -147,15 +161,31 @@ def test_trainer_checkpoint_end_to_end(tmp_path: Path, bento_home: Path):
     assert (got.argmax(1) == expected.argmax(1)).all()
     # Registered in the BentoML model store.
     env = {**os.environ, "BENTOML_HOME": str(bento_home)}
-    listed = subprocess.run([sys.executable, "-m", "bentoml", "models", "list", "handoff", "-o", "json"],
-                            env=env, capture_output=True, text=True, timeout=120)
+    listed = subprocess.run(
+        [sys.executable, "-m", "bentoml", "models", "list", "handoff", "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "handoff:" in listed.stdout, listed.stdout + listed.stderr
 
 
 def test_fp16_export_uses_fp16_tolerances(checkpoints, tmp_path: Path):
     out = tmp_path / "fp16"
-    result = export_cli(str(checkpoints["bare.pth"]), "--arch", fx.ARCH, "--image-size", "32", "--fp16",
-                        "--formats", "onnx,torchscript", "--out", str(out), "--no-bento")
+    result = export_cli(
+        str(checkpoints["bare.pth"]),
+        "--arch",
+        fx.ARCH,
+        "--image-size",
+        "32",
+        "--fp16",
+        "--formats",
+        "onnx,torchscript",
+        "--out",
+        str(out),
+        "--no-bento",
+    )
     assert result.returncode == 0, result.stderr
     manifest = read_manifest(out)
     assert manifest["input"]["dtype"] == "float16"
@@ -166,15 +196,31 @@ def test_fp16_export_uses_fp16_tolerances(checkpoints, tmp_path: Path):
 
 def test_provoked_parity_failure_exits_3_and_marks_folder(checkpoints, tmp_path: Path, bento_home: Path):
     out = tmp_path / "strict"
-    result = export_cli(str(checkpoints["bare.pth"]), "--arch", fx.ARCH, "--image-size", "32",
-                        "--atol", "0", "--rtol", "0", "--formats", "onnx", "--out", str(out),
-                        "--name", "never-registered", bento_home=bento_home)
+    result = export_cli(
+        str(checkpoints["bare.pth"]),
+        "--arch",
+        fx.ARCH,
+        "--image-size",
+        "32",
+        "--atol",
+        "0",
+        "--rtol",
+        "0",
+        "--formats",
+        "onnx",
+        "--out",
+        str(out),
+        "--name",
+        "never-registered",
+        bento_home=bento_home,
+    )
     assert result.returncode == 3, result.stderr
     assert "parity FAILED" in result.stderr
     manifest = read_manifest(out)
     assert manifest["status"] == "failed" and not manifest["parity"]["pass"]
     assert manifest["parity"]["results"][0]["max_abs_error"] > 0
-    from export.manifest import ManifestError, read_manifest as serve_reads
+    from export.manifest import ManifestError
+    from export.manifest import read_manifest as serve_reads
 
     with pytest.raises(ManifestError, match="parity did not pass"):
         serve_reads(out)
@@ -183,8 +229,9 @@ def test_provoked_parity_failure_exits_3_and_marks_folder(checkpoints, tmp_path:
 
 def test_wrong_arch_prints_a_readable_diff(checkpoints, tmp_path: Path):
     out = tmp_path / "never"
-    result = export_cli(str(checkpoints["ddp.pth"]), "--arch", "resnet34", "--image-size", "32", "--out", str(out),
-                        "--no-bento")
+    result = export_cli(
+        str(checkpoints["ddp.pth"]), "--arch", "resnet34", "--image-size", "32", "--out", str(out), "--no-bento"
+    )
     assert result.returncode == 2
     assert "missing: layer1.2.conv1.weight" in result.stderr and "did you pass the right --arch" in result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
@@ -200,11 +247,13 @@ def test_refuses_pickles_without_trust_pickle(checkpoints, tmp_path: Path):
     assert not (tmp_path / "out").exists()
 
     pickled = checkpoints["pickled_dataparallel.pt"]
-    assert_one_line_error(export_cli(str(pickled), "--no-bento", "--out", str(tmp_path / "no")), "--trust-pickle",
-                          "DataParallel")
+    assert_one_line_error(
+        export_cli(str(pickled), "--no-bento", "--out", str(tmp_path / "no")), "--trust-pickle", "DataParallel"
+    )
     out = tmp_path / "trusted"
-    result = export_cli(str(pickled), "--trust-pickle", "--image-size", "32", "--formats", "onnx",
-                        "--out", str(out), "--no-bento")
+    result = export_cli(
+        str(pickled), "--trust-pickle", "--image-size", "32", "--formats", "onnx", "--out", str(out), "--no-bento"
+    )
     assert result.returncode == 0, result.stderr
     assert read_manifest(out)["num_classes"] == fx.CLASSES
 
@@ -213,8 +262,13 @@ def test_refuses_pickles_without_trust_pickle(checkpoints, tmp_path: Path):
 def test_damaged_input_is_one_line_and_exit_2(damage: str, checkpoints, tmp_path: Path):
     path = tmp_path / "model.pth"
     good = checkpoints["ddp.pth"].read_bytes()
-    content = {"missing": None, "empty": b"", "text": b"hello, I am not a checkpoint\n",
-               "truncated": good[: len(good) // 2], "zeros": bytes(4096)}[damage]
+    content = {
+        "missing": None,
+        "empty": b"",
+        "text": b"hello, I am not a checkpoint\n",
+        "truncated": good[: len(good) // 2],
+        "zeros": bytes(4096),
+    }[damage]
     if content is not None:
         path.write_bytes(content)
     out = tmp_path / "out"
@@ -238,8 +292,18 @@ def test_usage_errors(checkpoints, tmp_path: Path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_parity_on_cuda(checkpoints, tmp_path: Path):
     out = tmp_path / "cuda"
-    result = export_cli(str(checkpoints["cuda3.pth"]), "--arch", fx.ARCH, "--image-size", "32", "--device", "cuda",
-                        "--out", str(out), "--no-bento")
+    result = export_cli(
+        str(checkpoints["cuda3.pth"]),
+        "--arch",
+        fx.ARCH,
+        "--image-size",
+        "32",
+        "--device",
+        "cuda",
+        "--out",
+        str(out),
+        "--no-bento",
+    )
     assert result.returncode == 0, result.stderr
     providers = {r["provider"] for r in read_manifest(out)["parity"]["results"]}
     assert "CUDAExecutionProvider" in providers
@@ -250,8 +314,13 @@ def test_big_models_store_onnx_weights_as_external_data(tmp_path: Path):
     from export.exporters import export_onnx
 
     model = fx.fresh_model()
-    result = export_onnx(model, torch.randn(2, 3, fx.SIZE, fx.SIZE), tmp_path / "model.onnx", {"handoff.arch": fx.ARCH},
-                         external_data_bytes=0)
+    result = export_onnx(
+        model,
+        torch.randn(2, 3, fx.SIZE, fx.SIZE),
+        tmp_path / "model.onnx",
+        {"handoff.arch": fx.ARCH},
+        external_data_bytes=0,
+    )
     assert result["external_data"] and result["files"] == ["model.onnx", "model.onnx.data"]
     assert (tmp_path / "model.onnx").stat().st_size < 1_000_000 < (tmp_path / "model.onnx.data").stat().st_size
     x = torch.randn(3, 3, fx.SIZE, fx.SIZE)

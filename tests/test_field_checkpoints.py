@@ -10,13 +10,13 @@ import pickle
 import sys
 from pathlib import Path
 
+import checkpoint_fixtures as fx
 import numpy as np
 import pytest
 import torch
-
-import checkpoint_fixtures as fx
 from conftest import ROOT, run
 from test_export import assert_one_line_error, export_cli, onnx_logits, read_manifest
+
 from train.models import build_model
 
 
@@ -28,8 +28,19 @@ def field(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def dcp_folders(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dcp")
-    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                str(ROOT / "tests" / "fixtures" / "dcp_fsdp2.py"), str(out)], timeout=300)
+    done = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "tests" / "fixtures" / "dcp_fsdp2.py"),
+            str(out),
+        ],
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -77,8 +88,9 @@ def test_timm_checkpoint_saver_with_and_without_ema(field, tmp_path):
 @pytest.mark.parametrize("layout", ["nested/step-3", "torchtitan"])
 def test_dcp_folders_written_by_fsdp2(layout, dcp_folders, tmp_path):
     expected = torch.load(dcp_folders / "expected.pt", weights_only=True)
-    manifest = assert_exports_like(dcp_folders / layout, fx.ARCH, expected, tmp_path / "out", "--arch", fx.ARCH,
-                                   "--image-size", "32")
+    manifest = assert_exports_like(
+        dcp_folders / layout, fx.ARCH, expected, tmp_path / "out", "--arch", fx.ARCH, "--image-size", "32"
+    )
     assert manifest["source"]["container"] == "dcp"
     if layout == "torchtitan":  # the folder holding step-N folders: the newest is read
         assert "reading the newest, step-3" in manifest["stderr"]
@@ -108,8 +120,11 @@ def test_a_folder_that_is_no_checkpoint_is_named(tmp_path):
 
 
 def test_ema_asked_for_where_there_is_none(checkpoints_dir, tmp_path):
-    assert_one_line_error(export_cli(str(checkpoints_dir / "bare.pth"), "--arch", fx.ARCH, "--ema", "--no-bento"),
-                          "--ema", "no EMA weights")
+    assert_one_line_error(
+        export_cli(str(checkpoints_dir / "bare.pth"), "--arch", fx.ARCH, "--ema", "--no-bento"),
+        "--ema",
+        "no EMA weights",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -154,10 +169,21 @@ def test_a_planted_dcp_metadata_payload_is_refused(dcp_folders, tmp_path):
 
 
 def _handoff_checkpoint(path: Path, **meta_changes) -> Path:
-    meta = {"data": "embedded:digits", "arch": fx.ARCH, "num_classes": fx.CLASSES,
-            "classes": [f"c{i}" for i in range(fx.CLASSES)], "image_size": 32, "mean": [0.5, 0.5, 0.5],
-            "std": [0.25, 0.25, 0.25], "resize": 32, "interpolation": "bilinear", "channels": 3, "world_size": 1,
-            "torch": "2.14.1", "created": "2026-11-30T00:00:00+00:00"}
+    meta = {
+        "data": "embedded:digits",
+        "arch": fx.ARCH,
+        "num_classes": fx.CLASSES,
+        "classes": [f"c{i}" for i in range(fx.CLASSES)],
+        "image_size": 32,
+        "mean": [0.5, 0.5, 0.5],
+        "std": [0.25, 0.25, 0.25],
+        "resize": 32,
+        "interpolation": "bilinear",
+        "channels": 3,
+        "world_size": 1,
+        "torch": "2.14.1",
+        "created": "2026-11-30T00:00:00+00:00",
+    }
     meta.update(meta_changes)
     meta = {k: v for k, v in meta.items() if v is not None}
     from train.checkpoint import FORMAT
@@ -166,13 +192,16 @@ def _handoff_checkpoint(path: Path, **meta_changes) -> Path:
     return path
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"interpolation": None}, "incomplete meta, missing interpolation"),
-    ({"image_size": "32"}, "meta.image_size"),
-    ({"channels": 1}, "meta.channels"),
-    ({"std": [0.0, 0.2, 0.2]}, "meta.std"),
-    ({"classes": ["a", "b"], "num_classes": 2}, "meta.classes lists 2 names but the model has 7 outputs"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"interpolation": None}, "incomplete meta, missing interpolation"),
+        ({"image_size": "32"}, "meta.image_size"),
+        ({"channels": 1}, "meta.channels"),
+        ({"std": [0.0, 0.2, 0.2]}, "meta.std"),
+        ({"classes": ["a", "b"], "num_classes": 2}, "meta.classes lists 2 names but the model has 7 outputs"),
+    ],
+)
 def test_bad_meta_is_one_line_and_exit_2(change, needle, tmp_path):
     path = _handoff_checkpoint(tmp_path / "last.pt", **change)
     assert_one_line_error(export_cli(str(path), "--out", str(tmp_path / "out"), "--no-bento"), needle)
@@ -186,13 +215,24 @@ def test_image_size_contradicting_the_checkpoint_is_refused(tmp_path):
 
 def test_safetensors_only_is_not_checked_and_not_registered(checkpoints_dir, tmp_path):
     out, home = tmp_path / "weights", tmp_path / "home"
-    result = export_cli(str(checkpoints_dir / "bare.pth"), "--arch", fx.ARCH, "--image-size", "32", "--formats",
-                        "safetensors", "--out", str(out), bento_home=home)
+    result = export_cli(
+        str(checkpoints_dir / "bare.pth"),
+        "--arch",
+        fx.ARCH,
+        "--image-size",
+        "32",
+        "--formats",
+        "safetensors",
+        "--out",
+        str(out),
+        bento_home=home,
+    )
     assert result.returncode == 0, result.stderr
     manifest = read_manifest(out)
     assert manifest["status"] == "not checked" and manifest["parity"]["pass"] is None
     assert "NOT CHECKED" in result.stdout and not (home / "models").exists()
-    from export.manifest import ManifestError, read_manifest as serve_reads
+    from export.manifest import ManifestError
+    from export.manifest import read_manifest as serve_reads
 
     with pytest.raises(ManifestError, match="not checked"):
         serve_reads(out)

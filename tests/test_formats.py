@@ -11,9 +11,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-
 from conftest import Server, classify, digit_images, eager_from_export, png_bytes
 from test_export import export_cli, read_manifest
+
 from serve.preprocess import Preprocessor
 
 
@@ -30,10 +30,25 @@ def test_pt2_is_in_the_default_set_and_loads_with_torch_alone(exported, tmp_path
     batch = torch.stack([transform(img) for img in images])
     np.save(tmp_path / "batch.npy", batch.numpy())
     # A separate interpreter in isolated mode, outside the checkout: torch and the file, nothing of handoff.
-    script = ("import sys, numpy, torch; m = torch.export.load(sys.argv[1]).module(); "
-              "x = torch.from_numpy(numpy.load(sys.argv[2])); numpy.save(sys.argv[3], m(x).detach().numpy())")
-    done = subprocess.run([sys.executable, "-I", "-c", script, str(exported / "model.pt2"), str(tmp_path / "batch.npy"),
-                           str(tmp_path / "out.npy")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    script = (
+        "import sys, numpy, torch; m = torch.export.load(sys.argv[1]).module(); "
+        "x = torch.from_numpy(numpy.load(sys.argv[2])); numpy.save(sys.argv[3], m(x).detach().numpy())"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            script,
+            str(exported / "model.pt2"),
+            str(tmp_path / "batch.npy"),
+            str(tmp_path / "out.npy"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     with torch.inference_mode():
         expected = model(batch).numpy()
@@ -86,8 +101,17 @@ def test_int8_gate_refuses_a_model_that_loses_accuracy(exported, tmp_path):
     """The same weights in a resnet18 with an outlier activation (tests/fixtures/outlier_model.py): exact in
     fp32, ruined by per-tensor INT8. Exit 3, marked failed, never served."""
     out = tmp_path / "outlier"
-    result = export_cli(checkpoint_of(exported), "--model", "tests.fixtures.outlier_model:resnet18", "--formats",
-                        "onnx", "--int8", "--out", str(out), "--no-bento")
+    result = export_cli(
+        checkpoint_of(exported),
+        "--model",
+        "tests.fixtures.outlier_model:resnet18",
+        "--formats",
+        "onnx",
+        "--int8",
+        "--out",
+        str(out),
+        "--no-bento",
+    )
     assert result.returncode == 3, result.stderr
     assert "INT8 accuracy gate FAILED" in result.stderr
     int8 = read_manifest(out)["int8"]
@@ -116,8 +140,12 @@ def test_int8_needs_images_and_onnx(tmp_path):
     import torchvision
 
     torch.save(torchvision.models.resnet18(num_classes=3).state_dict(), path)
-    for flags, needle in ((("--int8",), "--samples"), (("--int8", "--formats", "pt2"), "keep onnx"),
-                          (("--int8", "--fp16"), "choose one precision")):
-        result = export_cli(str(path), "--arch", "resnet18", "--image-size", "32", *flags, "--no-bento",
-                            "--out", str(tmp_path / "out"))
+    for flags, needle in (
+        (("--int8",), "--samples"),
+        (("--int8", "--formats", "pt2"), "keep onnx"),
+        (("--int8", "--fp16"), "choose one precision"),
+    ):
+        result = export_cli(
+            str(path), "--arch", "resnet18", "--image-size", "32", *flags, "--no-bento", "--out", str(tmp_path / "out")
+        )
         assert result.returncode == 2 and needle in result.stderr, result.stderr

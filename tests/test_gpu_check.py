@@ -9,15 +9,25 @@ from pathlib import Path
 
 from conftest import ROOT
 
-STEPS = ["train one epoch, then resume", "export resnet18 with parity (fp32, TF32 off)",
-         "export resnet18 with parity (fp16)", "serve with bentoml on the device", "serving benchmark",
-         "TensorRT execution provider"]
+STEPS = [
+    "train one epoch, then resume",
+    "export resnet18 with parity (fp32, TF32 off)",
+    "export resnet18 with parity (fp16)",
+    "serve with bentoml on the device",
+    "serving benchmark",
+    "TensorRT execution provider",
+]
 
 
 def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     out = tmp_path / "check"
-    result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run-cpu", "--out", str(out)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run-cpu", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     report = json.loads((out / "gpu_check.json").read_text())
     failed = [(s["name"], s["error"]) for s in report["steps"] if not s["ok"]]
     assert result.returncode == 0 and report["passed"], failed or result.stdout[-3000:]
@@ -27,7 +37,11 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     assert steps["train one epoch, then resume"]["backend"] == "gloo"
     for precision in ("fp32, TF32 off", "fp16"):
         parity = steps[f"export resnet18 with parity ({precision})"]
-        assert parity["pass"] and {r["artifact"] for r in parity["results"]} == {"model.onnx", "model.pt2", "model.torchscript.pt"}
+        assert parity["pass"] and {r["artifact"] for r in parity["results"]} == {
+            "model.onnx",
+            "model.pt2",
+            "model.torchscript.pt",
+        }
         assert parity["precision"]["tf32"] is False
     assert steps["serve with bentoml on the device"]["info"]["provider"] == "CPUExecutionProvider"
     bench = steps["serving benchmark"]

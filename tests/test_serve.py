@@ -15,9 +15,9 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_cuda_library, png_bytes
 from PIL import Image
 
-from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_cuda_library, png_bytes
 from serve.preprocess import Preprocessor
 from train.presets import Preprocessing, eval_transform
 
@@ -36,8 +36,14 @@ def test_preprocessing_matches_torchvision_exactly():
     photos = [Image.fromarray(img) for img in load_sample_images().images]
     photos.append(photos[0].crop((10, 0, 310, 427)))  # portrait
     for crop, resize in ((224, 256), (32, 32), (100, 117)):
-        spec = {"resize": resize, "crop": crop, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
-                "interpolation": "bilinear", "channels": 3}
+        spec = {
+            "resize": resize,
+            "crop": crop,
+            "mean": [0.485, 0.456, 0.406],
+            "std": [0.229, 0.224, 0.225],
+            "interpolation": "bilinear",
+            "channels": 3,
+        }
         ours = Preprocessor.from_manifest(spec, max_pixels=10**9)
         theirs = eval_transform(Preprocessing(crop=crop, resize=resize))
         for photo in photos:
@@ -112,31 +118,81 @@ def bad_requests(url: str) -> list[tuple[str, int, str, httpx.Response]]:
         ("TIFF", 415, "unsupported image format", classify(url, tiff, "scan.tiff")),
         ("top_k=0", 400, "top_k", classify(url, good, top_k=0)),
         ("oversized body", 413, "larger than the limit", classify(url, b"\0" * (21 * 1024 * 1024), "big.png")),
-        ("text/plain body", 415, "multipart/form-data",
-         httpx.post(f"{url}/classify", content=b"hello", headers={"content-type": "text/plain"}, timeout=30)),
-        ("tensor wrong shape", 400, "shape",
-         httpx.post(f"{url}/predict", json={"tensor": np.zeros((1, 3, 16, 16)).tolist()}, timeout=30)),
+        (
+            "text/plain body",
+            415,
+            "multipart/form-data",
+            httpx.post(f"{url}/classify", content=b"hello", headers={"content-type": "text/plain"}, timeout=30),
+        ),
+        (
+            "tensor wrong shape",
+            400,
+            "shape",
+            httpx.post(f"{url}/predict", json={"tensor": np.zeros((1, 3, 16, 16)).tolist()}, timeout=30),
+        ),
         ("tensor wrong rank", 400, "shape", httpx.post(f"{url}/predict", json={"tensor": [1.0, 2.0]}, timeout=30)),
-        ("tensor of strings", 400, "tensor",
-         httpx.post(f"{url}/predict", json={"tensor": [[["a"]]]}, timeout=30)),
-        ("tensor with NaN", 400, "NaN or Inf",
-         httpx.post(f"{url}/predict", content=json.dumps({"tensor": np.full(shape, np.nan).tolist()}),
-                    headers={"content-type": "application/json"}, timeout=30)),
-        ("tensor with Inf", 400, "NaN or Inf",
-         httpx.post(f"{url}/predict", content=json.dumps({"tensor": np.full(shape, np.inf).tolist()}),
-                    headers={"content-type": "application/json"}, timeout=30)),
+        ("tensor of strings", 400, "tensor", httpx.post(f"{url}/predict", json={"tensor": [[["a"]]]}, timeout=30)),
+        (
+            "tensor with NaN",
+            400,
+            "NaN or Inf",
+            httpx.post(
+                f"{url}/predict",
+                content=json.dumps({"tensor": np.full(shape, np.nan).tolist()}),
+                headers={"content-type": "application/json"},
+                timeout=30,
+            ),
+        ),
+        (
+            "tensor with Inf",
+            400,
+            "NaN or Inf",
+            httpx.post(
+                f"{url}/predict",
+                content=json.dumps({"tensor": np.full(shape, np.inf).tolist()}),
+                headers={"content-type": "application/json"},
+                timeout=30,
+            ),
+        ),
         ("top_k of 5,000 digits", 400, "top_k", classify(url, good, top_k="9" * 5000)),
-        ("image sent twice, text then file", 400, "once",
-         httpx.post(f"{url}/classify", files=[("image", (None, "hello")), ("image", ("a.png", good, "image/png"))],
-                    timeout=30)),
-        ("an integer past float range", 400, "range",
-         httpx.post(f"{url}/predict", content=json.dumps({"tensor": [[[[10**400]]]]}),
-                    headers={"content-type": "application/json"}, timeout=30)),
-        ("1e400 (JSON infinity)", 400, "NaN or Inf",
-         httpx.post(f"{url}/predict", content=json.dumps({"tensor": np.zeros(shape).tolist()}).replace("0.0", "1e400", 1),
-                    headers={"content-type": "application/json"}, timeout=30)),
-        ("predict as form", 415, "application/json",
-         httpx.post(f"{url}/predict", files={"tensor": ("t.json", b"[]")}, timeout=30)),
+        (
+            "image sent twice, text then file",
+            400,
+            "once",
+            httpx.post(
+                f"{url}/classify",
+                files=[("image", (None, "hello")), ("image", ("a.png", good, "image/png"))],
+                timeout=30,
+            ),
+        ),
+        (
+            "an integer past float range",
+            400,
+            "range",
+            httpx.post(
+                f"{url}/predict",
+                content=json.dumps({"tensor": [[[[10**400]]]]}),
+                headers={"content-type": "application/json"},
+                timeout=30,
+            ),
+        ),
+        (
+            "1e400 (JSON infinity)",
+            400,
+            "NaN or Inf",
+            httpx.post(
+                f"{url}/predict",
+                content=json.dumps({"tensor": np.zeros(shape).tolist()}).replace("0.0", "1e400", 1),
+                headers={"content-type": "application/json"},
+                timeout=30,
+            ),
+        ),
+        (
+            "predict as form",
+            415,
+            "application/json",
+            httpx.post(f"{url}/predict", files={"tensor": ("t.json", b"[]")}, timeout=30),
+        ),
     ]
     return cases
 
@@ -165,7 +221,7 @@ def test_odd_but_valid_images_are_answered(server):
     rgba.putalpha(128)
     palette = base.convert("P", palette=Image.Palette.ADAPTIVE)
     palette.info["transparency"] = 0
-    sixteen = Image.fromarray((np.asarray(base.convert("L"), dtype=np.uint16) * 257))
+    sixteen = Image.fromarray(np.asarray(base.convert("L"), dtype=np.uint16) * 257)
     exif = Image.Exif()
     exif[0x0112] = 6  # rotated: must be turned upright before preprocessing
     frames = [base, base.transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
@@ -213,12 +269,20 @@ def test_concurrent_burst_mixing_good_and_bad(server, eager):
 CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"HANDOFF_RUNTIME": "torchscript"}, {"runtime": "torchscript", "device": "cpu"}),
-    pytest.param({"HANDOFF_DEVICE": "cuda"}, {"provider": "CUDAExecutionProvider", "device": "cuda"}, marks=CUDA_ONLY),
-    pytest.param({"HANDOFF_RUNTIME": "torchscript", "HANDOFF_DEVICE": "cuda"}, {"runtime": "torchscript", "device": "cuda"},
-                 marks=CUDA_ONLY),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"HANDOFF_RUNTIME": "torchscript"}, {"runtime": "torchscript", "device": "cpu"}),
+        pytest.param(
+            {"HANDOFF_DEVICE": "cuda"}, {"provider": "CUDAExecutionProvider", "device": "cuda"}, marks=CUDA_ONLY
+        ),
+        pytest.param(
+            {"HANDOFF_RUNTIME": "torchscript", "HANDOFF_DEVICE": "cuda"},
+            {"runtime": "torchscript", "device": "cuda"},
+            marks=CUDA_ONLY,
+        ),
+    ],
+)
 def test_runtime_and_device_are_used_and_reported(env, expected, exported, tmp_path):
     with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), **env) as srv:
         srv.wait_ready()
@@ -242,8 +306,23 @@ def without_onnx(exported: Path, tmp_path_factory) -> Path:
     """An export of the same checkpoint made with --formats torchscript,safetensors: it lists no model.onnx."""
     out = tmp_path_factory.mktemp("no_onnx") / "export"
     checkpoint = json.loads((exported / "manifest.json").read_text())["source"]["checkpoint"]
-    done = subprocess.run([sys.executable, "-m", "export", checkpoint, "--formats", "torchscript,safetensors",
-                           "--out", str(out), "--no-bento"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            checkpoint,
+            "--formats",
+            "torchscript,safetensors",
+            "--out",
+            str(out),
+            "--no-bento",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     return out
 
@@ -280,8 +359,9 @@ def _faulty_folder(fault: str, exported: Path, without_onnx: Path, tmp_path: Pat
     return folder, {"HANDOFF_MODEL_SHA256": "0" * 64}, "HANDOFF_MODEL_SHA256"
 
 
-@pytest.mark.parametrize("fault", ["tampered", "missing", "unreadable", "symlink", "unlisted", "pinned-sha256",
-                                   "cuda-without-gpu"])
+@pytest.mark.parametrize(
+    "fault", ["tampered", "missing", "unreadable", "symlink", "unlisted", "pinned-sha256", "cuda-without-gpu"]
+)
 def test_not_ready_when_it_must_not_serve(fault, exported, without_onnx, tmp_path):
     if fault == "cuda-without-gpu" and torch.cuda.is_available():
         pytest.skip("a CUDA device is present here")
@@ -302,18 +382,28 @@ def test_not_ready_when_it_must_not_serve(fault, exported, without_onnx, tmp_pat
 
 
 def test_api_keys_gate_everything_but_the_probes_and_the_page(exported, tmp_path):
-    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_API_KEYS="k1-secret, k2-secret") as srv:
+    with Server(
+        tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_API_KEYS="k1-secret, k2-secret"
+    ) as srv:
         srv.wait_ready()
         image = png_bytes(digit_images(1)[0][0])
         refused = classify(srv.url, image)
         assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
         assert "Authorization: Bearer" in refused.json()["error"]
-        wrong = httpx.post(f"{srv.url}/classify", files={"image": ("a.png", image)},
-                           headers={"authorization": "Bearer k1-secreT"}, timeout=30)
+        wrong = httpx.post(
+            f"{srv.url}/classify",
+            files={"image": ("a.png", image)},
+            headers={"authorization": "Bearer k1-secreT"},
+            timeout=30,
+        )
         assert wrong.status_code == 401
         for key in ("k1-secret", "k2-secret"):
-            ok = httpx.post(f"{srv.url}/classify", files={"image": ("a.png", image)},
-                            headers={"authorization": f"Bearer {key}"}, timeout=30)
+            ok = httpx.post(
+                f"{srv.url}/classify",
+                files={"image": ("a.png", image)},
+                headers={"authorization": f"Bearer {key}"},
+                timeout=30,
+            )
             assert ok.status_code == 200, ok.text
         for path in ("/info", "/metrics", "/docs.json"):
             assert httpx.get(f"{srv.url}{path}", timeout=10).status_code == 401, path
@@ -337,14 +427,17 @@ def test_stalled_uploads_do_not_lock_the_service(exported, tmp_path):
     import time
 
     stalled_count = 20
-    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_MAX_CONCURRENCY="8",
-                HANDOFF_BODY_TIMEOUT_S="3") as srv:
+    with Server(
+        tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_MAX_CONCURRENCY="8", HANDOFF_BODY_TIMEOUT_S="3"
+    ) as srv:
         srv.wait_ready()
         stalled = []
         for _ in range(stalled_count):
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-            s.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
-                      b"Content-Length: 100\r\n\r\n-")
+            s.sendall(
+                b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                b"Content-Length: 100\r\n\r\n-"
+            )
             stalled.append(s)
         started = time.monotonic()
         good = classify(srv.url, png_bytes(digit_images(1)[0][0]))
@@ -360,8 +453,11 @@ def test_stalled_uploads_do_not_lock_the_service(exported, tmp_path):
 
 def test_unknown_paths_do_not_grow_the_metrics(server):
     def series() -> int:
-        return sum(1 for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines()
-                   if line and not line.startswith("#"))
+        return sum(
+            1
+            for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines()
+            if line and not line.startswith("#")
+        )
 
     for i in range(3):
         assert httpx.get(f"{server.url}/junk{i}", timeout=10).status_code == 404
@@ -378,8 +474,14 @@ def test_grayscale_and_16_bit_uploads_see_the_pixels_torchvision_sees():
     from sklearn.datasets import load_sample_images
 
     gray = Image.fromarray(load_sample_images().images[0]).convert("L")
-    spec = {"resize": 64, "crop": 56, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
-            "interpolation": "bicubic", "channels": 3}
+    spec = {
+        "resize": 64,
+        "crop": 56,
+        "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225],
+        "interpolation": "bicubic",
+        "channels": 3,
+    }
     ours = Preprocessor.from_manifest(spec, max_pixels=10**9)
     theirs = eval_transform(Preprocessing(crop=56, resize=64, interpolation="bicubic"))
     expected = theirs(gray.convert("RGB")).numpy()
@@ -391,8 +493,9 @@ def test_grayscale_and_16_bit_uploads_see_the_pixels_torchvision_sees():
 def test_huge_16_bit_uploads_are_decoded_a_few_at_a_time(server):
     """A 90 KB PNG of 6300 x 6300 16-bit pixels: eight at once used to take 3.8 GB (the default thread pool
     decoded them all together, through 32-bit copies); decoding is now one per core, through narrow copies."""
-    import psutil
     import threading
+
+    import psutil
 
     data = png_bytes(Image.fromarray(np.full((6300, 6300), 1000, dtype=np.uint16)))
     worker = psutil.Process(server.proc.pid)

@@ -8,17 +8,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from conftest import Server, classify, digit_images, eager_from_export, eager_top1, png_bytes, run, torchrun_cmd
+from PIL import Image
 from test_export import export_cli, onnx_logits, read_manifest
+
 from train.checkpoint import load
 
 
 def test_a_timm_model_trained_with_ddp_exported_and_served(tmp_path):
     run_dir = tmp_path / "run"
-    trained = run(torchrun_cmd(2, "--arch", "timm/resnet18d", "--image-size", "32", "--epochs", "1",
-                               "--batch-size", "32", "--workers", "0", "--out", str(run_dir)))
+    trained = run(
+        torchrun_cmd(
+            2,
+            "--arch",
+            "timm/resnet18d",
+            "--image-size",
+            "32",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "32",
+            "--workers",
+            "0",
+            "--out",
+            str(run_dir),
+        )
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     meta = load(run_dir / "last.pt")["meta"]
     # The arch with its prefix, and timm's data config for resnet18d where the user set nothing.
@@ -43,8 +58,18 @@ def test_a_vision_transformer_through_onnx_with_parity(tmp_path):
     path = tmp_path / "vit.pth"
     torch.save(model.state_dict(), path)
     out = tmp_path / "vit.export"
-    result = export_cli(str(path), "--arch", "timm/vit_tiny_patch16_224", "--image-size", "32", "--formats", "onnx",
-                        "--out", str(out), "--no-bento")
+    result = export_cli(
+        str(path),
+        "--arch",
+        "timm/vit_tiny_patch16_224",
+        "--image-size",
+        "32",
+        "--formats",
+        "onnx",
+        "--out",
+        str(out),
+        "--no-bento",
+    )
     assert result.returncode == 0, result.stderr
     manifest = read_manifest(out)
     assert manifest["parity"]["pass"] and manifest["preprocess"]["mean"] == [0.5, 0.5, 0.5]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import csv
-import re
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,13 +13,20 @@ import time
 from pathlib import Path
 
 import psutil
-import torch
 import pytest
-
+import torch
 from conftest import (
     ROOT,
-    assert_same_tensors, free_port, load, run, start, torchrun_cmd, wait_for, TRAIN,
+    TRAIN,
+    assert_same_tensors,
+    free_port,
+    load,
+    run,
+    start,
+    torchrun_cmd,
+    wait_for,
 )
+
 from train.checkpoint import FORMAT, META_KEYS, REQUIRED_KEYS
 from train.models import build_model
 
@@ -92,12 +99,22 @@ def test_checkpoint_contract(reference: Path):
 def test_two_nodes_write_exactly_one_checkpoint(tmp_path: Path):
     """The ImageNet example saves once per node; handoff saves once per job, on global rank 0."""
     port = free_port()
-    launcher = ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                "--rdzv-id", "two-nodes")
+    launcher = (
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "two-nodes",
+    )
     nodes = [tmp_path / f"node{n}" for n in range(2)]
     procs = [
-        start(torchrun_cmd(2, "--epochs", "1", "--workers", "0", "--out", str(node), launcher_args=launcher),
-              tmp_path / f"node{n}.log")
+        start(
+            torchrun_cmd(2, "--epochs", "1", "--workers", "0", "--out", str(node), launcher_args=launcher),
+            tmp_path / f"node{n}.log",
+        )
         for n, node in enumerate(nodes)
     ]
     for proc, node in zip(procs, nodes):
@@ -151,11 +168,18 @@ def test_worker_crash_restarts_and_matches_reference(reference: Path, tmp_path: 
     """Also with --async-save: background-written checkpoints resume to the very same weights."""
     out = tmp_path / "run"
     log = tmp_path / "torchrun.log"
-    proc = start(torchrun_cmd(2, *ARGS, "--async-save", "--out", str(out),
-                              launcher_args=("--standalone", "--max-restarts", "3")), log)
+    proc = start(
+        torchrun_cmd(
+            2, *ARGS, "--async-save", "--out", str(out), launcher_args=("--standalone", "--max-restarts", "3")
+        ),
+        log,
+    )
     wait_for(lambda: (out / "epoch_0002.pt").exists(), timeout=300, what="epoch 2 checkpoint")
-    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if TRAIN in " ".join(p.cmdline())
-               and p.ppid() == proc.pid]
+    workers = [
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if TRAIN in " ".join(p.cmdline()) and p.ppid() == proc.pid
+    ]
     assert len(workers) == 2, workers
     workers[1].send_signal(signal.SIGKILL)
     assert proc.wait(timeout=600) == 0, log.read_text()
@@ -258,7 +282,7 @@ def test_resume_never_runs_a_malicious_pickle(tmp_path: Path):
 
 
 def test_imagefolder_data_trains_and_exports_with_its_val_images(tmp_path: Path):
-    """--data DIR: the ImageNet example's layout (DIR/train/<class>/*, DIR/val/<class>/*), here built from the digits."""
+    """--data DIR: the ImageNet example's layout (DIR/train/<class>/*, DIR/val/<class>/*), built from the digits."""
     from PIL import Image
 
     from train.data import digits_split
@@ -271,8 +295,7 @@ def test_imagefolder_data_trains_and_exports_with_its_val_images(tmp_path: Path)
             folder.mkdir(parents=True, exist_ok=True)
             Image.fromarray(image).save(folder / f"{i}.png")
     out = tmp_path / "run"
-    result = run([torchrun_cmd(1)[0], TRAIN, "--data", str(root), "--epochs", "1", "--workers", "2",
-                  "--out", str(out)])
+    result = run([torchrun_cmd(1)[0], TRAIN, "--data", str(root), "--epochs", "1", "--workers", "2", "--out", str(out)])
     assert result.returncode == 0, result.stderr
     meta = load(out / "last.pt")["meta"]
     assert meta["classes"] == [f"digit_{i}" for i in range(10)] and meta["data"] == str(root.resolve())

@@ -30,7 +30,7 @@ import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
@@ -46,8 +46,18 @@ LAST, BEST = "last.pt", "best.pt"
 EPOCH_PATTERN = "epoch_{:04d}.pt"
 REQUIRED_KEYS = ("format", "model", "optimizer", "scheduler", "epoch", "step", "best_acc1", "rng", "sampler", "meta")
 META_KEYS = (
-    "arch", "num_classes", "classes", "image_size", "mean", "std", "resize", "interpolation", "channels",
-    "world_size", "torch", "created",
+    "arch",
+    "num_classes",
+    "classes",
+    "image_size",
+    "mean",
+    "std",
+    "resize",
+    "interpolation",
+    "channels",
+    "world_size",
+    "torch",
+    "created",
 )
 
 
@@ -56,6 +66,7 @@ class CheckpointError(Exception):
 
 
 # --- contents -----------------------------------------------------------------------------------
+
 
 def capture_rng() -> dict[str, Any]:
     """This process's RNG states, in types `weights_only=True` accepts."""
@@ -95,7 +106,9 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def make_meta(arch: str, classes: list[str], preprocessing: dict[str, Any], world_size: int, data: str) -> dict[str, Any]:
+def make_meta(
+    arch: str, classes: list[str], preprocessing: dict[str, Any], world_size: int, data: str
+) -> dict[str, Any]:
     """Everything export needs to rebuild the model and its input pipeline with no flags."""
     return {
         "data": data,  # EMBEDDED_DIGITS or the ImageFolder root: where export finds real images for parity
@@ -116,6 +129,7 @@ def make_meta(arch: str, classes: list[str], preprocessing: dict[str, Any], worl
 
 # --- reading ------------------------------------------------------------------------------------
 
+
 class RunFolderBusy(CheckpointError):
     """Another live process holds the run folder's lock."""
 
@@ -128,7 +142,9 @@ class PickleRefused(CheckpointError):
     """The file holds pickled Python objects that `weights_only=True` will not construct."""
 
     def __init__(self, path: Path, global_name: str) -> None:
-        super().__init__(f"{path}: holds pickled Python objects ({global_name}), which weights_only=True refuses to run")
+        super().__init__(
+            f"{path}: holds pickled Python objects ({global_name}), which weights_only=True refuses to run"
+        )
         self.global_name = global_name
 
 
@@ -145,16 +161,21 @@ def verify_zip_checksums(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
             # torch's zip reader returns a record flagged as a folder (MS-DOS attribute 0x10) as zeros.
-            damaged = damaged or next((i.filename for i in archive.infolist()
-                                       if i.external_attr & 0x10 and not i.is_dir()), None)
+            damaged = damaged or next(
+                (i.filename for i in archive.infolist() if i.external_attr & 0x10 and not i.is_dir()), None
+            )
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as err:
         raise CheckpointError(f"{path}: damaged zip container ({str(err)[:160] or type(err).__name__})") from None
     if damaged is not None:
-        raise CheckpointError(f"{path}: damaged, the record {damaged} fails its checksum or zip directory entry "
-                              "(corrupted on disk or in transfer)")
+        raise CheckpointError(
+            f"{path}: damaged, the record {damaged} fails its checksum or zip directory entry "
+            "(corrupted on disk or in transfer)"
+        )
 
 
-def read_weights_only(path: str | os.PathLike, map_location: Any = "cpu", safe_globals: list[Any] = ()) -> Any:
+def read_weights_only(
+    path: str | os.PathLike, map_location: Any = "cpu", safe_globals: tuple[Any, ...] | list[Any] = ()
+) -> Any:
     """`torch.load(weights_only=True)` with one-line errors: missing, empty, damaged, or refused.
     `safe_globals`: harmless types to construct besides tensors and containers (torch's safe-globals list)."""
     path = Path(path)
@@ -170,7 +191,9 @@ def read_weights_only(path: str | os.PathLike, map_location: Any = "cpu", safe_g
         refused = re.search(r"unsupported (?:global: )?GLOBAL ([\w.]+)", str(err), re.IGNORECASE)
         if refused:
             raise PickleRefused(path, refused.group(1)) from None
-        raise CheckpointError(f"{path}: not a readable checkpoint (damaged, truncated, or not a PyTorch file)") from None
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (damaged, truncated, or not a PyTorch file)"
+        ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError) as err:
         detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint, maybe truncated ({detail[:200]})") from None
@@ -200,12 +223,20 @@ def check_meta(meta: Any, path: str | os.PathLike) -> dict[str, Any]:
     if meta["channels"] != 3:
         raise bad("channels", f"is {meta['channels']!r}; handoff feeds RGB images (3 channels)")
     classes = meta["classes"]
-    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or len(classes) != meta["num_classes"]:
+    if (
+        not isinstance(classes, list)
+        or not all(isinstance(c, str) for c in classes)
+        or len(classes) != meta["num_classes"]
+    ):
         raise bad("classes", f"must list num_classes={meta['num_classes']} names (strings)")
     for key in ("mean", "std"):
         values = meta[key]
-        if (not isinstance(values, list) or len(values) != 3 or not all(isinstance(v, (int, float)) for v in values)
-                or (key == "std" and min(values) <= 0)):
+        if (
+            not isinstance(values, list)
+            or len(values) != 3
+            or not all(isinstance(v, (int, float)) for v in values)
+            or (key == "std" and min(values) <= 0)
+        ):
             raise bad(key, f"is {values!r}, not 3 numbers" + (" above 0" if key == "std" else ""))
     if meta["interpolation"] not in _INTERPOLATIONS:
         raise bad("interpolation", f"is {meta['interpolation']!r}, not one of {', '.join(_INTERPOLATIONS)}")
@@ -227,6 +258,7 @@ def load(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
 
 
 # --- writing ------------------------------------------------------------------------------------
+
 
 @dataclass
 class CheckpointConfig:
@@ -267,7 +299,7 @@ def atomic_save(obj: Any, target: Path) -> None:
     def write(f: IO[bytes]) -> None:
         keeper = _WriteErrorKeeper(f)
         try:
-            torch.save(obj, keeper)
+            torch.save(obj, cast(IO[bytes], keeper))  # it has the write and flush torch.save uses
         except RuntimeError:
             if keeper.error is not None:
                 raise keeper.error from None
@@ -336,14 +368,23 @@ def lock_run_folder(folder: Path, wait_s: float) -> IO[str]:
                 handle.seek(0)
                 owner = handle.read().strip() or "another process"
                 handle.close()
-                raise RunFolderBusy(f"{folder} is in use by {owner}; two jobs must not write one run folder "
-                                    "(use another --out, or stop that job)") from None
+                raise RunFolderBusy(
+                    f"{folder} is in use by {owner}; two jobs must not write one run folder "
+                    "(use another --out, or stop that job)"
+                ) from None
             time.sleep(0.2)
     handle.seek(0)
     handle.truncate()
-    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "job": os.environ.get("TORCHELASTIC_RUN_ID"),
-                             "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}))
+    handle.write(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "job": os.environ.get("TORCHELASTIC_RUN_ID"),
+                "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            }
+        )
+    )
     handle.flush()
     return handle
 
@@ -429,9 +470,11 @@ class Checkpointer:
         try:
             self._publish_all(state, epoch_done, is_best)
         except OSError as err:
-            raise CheckpointWriteError(f"cannot save the checkpoint of epoch {state['epoch']}, step {state['step']} "
-                                       f"in {self.cfg.folder}: {_reason(err)}; {LAST} is untouched"
-                                       + (f" (it holds {self._saved})" if self._saved else "")) from None
+            raise CheckpointWriteError(
+                f"cannot save the checkpoint of epoch {state['epoch']}, step {state['step']} "
+                f"in {self.cfg.folder}: {_reason(err)}; {LAST} is untouched"
+                + (f" (it holds {self._saved})" if self._saved else "")
+            ) from None
         self._saved = f"epoch {state['epoch']}, step {state['step']}"
 
     def _publish_all(self, state: dict[str, Any], epoch_done: bool, is_best: bool) -> None:

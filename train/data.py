@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -163,8 +164,13 @@ class DataConfig:
         size = self.image_size or (defaults.image_size if is_timm(self.arch) else DEFAULT_IMAGE_SIZE)
         # The digits are whole 8x8 frames: resized to the crop, nothing cut off.
         default_resize = size if self.data is None else defaults.resize_for(size)
-        return Preprocessing(crop=size, resize=self.resize or default_resize, mean=defaults.mean, std=defaults.std,
-                             interpolation=defaults.interpolation)
+        return Preprocessing(
+            crop=size,
+            resize=self.resize or default_resize,
+            mean=defaults.mean,
+            std=defaults.std,
+            interpolation=defaults.interpolation,
+        )
 
 
 @dataclass
@@ -204,7 +210,9 @@ def build_loaders(
             f"(--batch-size {batch_size} x {world_size} processes)"
         )
     sampler = ResumableDistributedSampler(len(ds.train), world_size, rank, seed)
-    common = dict(batch_size=batch_size, num_workers=workers, pin_memory=pin_memory, worker_init_fn=_ignore_sigterm)
+    common: dict[str, Any] = dict(
+        batch_size=batch_size, num_workers=workers, pin_memory=pin_memory, worker_init_fn=_ignore_sigterm
+    )
     # drop_last: a final batch of one image would break BatchNorm in training mode.
     train_loader = DataLoader(ds.train, sampler=sampler, drop_last=True, **common)
     # Validation shards without padding, so the summed counts cover each image exactly once.

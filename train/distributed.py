@@ -68,8 +68,11 @@ def _store_for_this_attempt(rank: int, world_size: int, timeout: datetime.timede
     """
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-        is_master=not agent_hosts_store and rank == 0, timeout=timeout,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=not agent_hosts_store and rank == 0,
+        timeout=timeout,
     )
     return dist.PrefixStore(f"handoff/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 

@@ -14,8 +14,9 @@ import os
 import secrets
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 TMP_MARK = ".tmp."
 
@@ -27,9 +28,12 @@ class UnsafeRunFolder(OSError):
 def check_run_folder(folder: Path) -> None:
     mode = folder.stat().st_mode
     if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-        raise UnsafeRunFolder(errno.EPERM, f"{folder} can be written by any user (mode {stat.filemode(mode)}): "
-                              "anyone could plant files the trainer would write through; `chmod o-w` it or "
-                              "choose another --out")
+        raise UnsafeRunFolder(
+            errno.EPERM,
+            f"{folder} can be written by any user (mode {stat.filemode(mode)}): "
+            "anyone could plant files the trainer would write through; `chmod o-w` it or "
+            "choose another --out",
+        )
 
 
 def tmp_name(target: Path) -> Path:
@@ -83,7 +87,9 @@ def open_no_follow(path: Path, mode: str = "a+") -> IO[str]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise UnsafeRunFolder(errno.ELOOP, f"{path} is a symbolic link; the trainer does not write through "
-                                  "links in its run folder (remove it)") from None
+            raise UnsafeRunFolder(
+                errno.ELOOP,
+                f"{path} is a symbolic link; the trainer does not write through links in its run folder (remove it)",
+            ) from None
         raise
     return os.fdopen(fd, mode)

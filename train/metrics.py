@@ -7,6 +7,7 @@ import io
 import logging
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import IO
 
 from train.files import publish
 
@@ -28,6 +29,10 @@ class EpochMetrics:
 COLUMNS = [f.name for f in fields(EpochMetrics)]
 
 
+def _write_all(f: IO[bytes], data: bytes) -> None:
+    f.write(data)
+
+
 class MetricsLog:
     def __init__(self, folder: Path) -> None:
         self.csv_path = folder / "metrics.csv"
@@ -38,7 +43,7 @@ class MetricsLog:
             return []
         with open(self.csv_path, newline="") as f:
             return [
-                EpochMetrics(**{k: (int if k in ("epoch", "step") else float)(row[k]) for k in COLUMNS})
+                EpochMetrics(**{k: (int(row[k]) if k in ("epoch", "step") else float(row[k])) for k in COLUMNS})  # type: ignore[arg-type]
                 for row in csv.DictReader(f)
             ]
 
@@ -62,7 +67,7 @@ class MetricsLog:
         writer = csv.DictWriter(text, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(asdict(r) for r in rows)
-        publish(self.csv_path, lambda f: f.write(text.getvalue().encode()))
+        publish(self.csv_path, lambda f: _write_all(f, text.getvalue().encode()))
 
     def plot(self) -> None:
         import matplotlib
@@ -86,4 +91,4 @@ class MetricsLog:
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=100)
         plt.close(fig)
-        publish(self.png_path, lambda f: f.write(png.getvalue()))
+        publish(self.png_path, lambda f: _write_all(f, png.getvalue()))

@@ -43,7 +43,7 @@ def is_timm(arch: str) -> bool:
 
 
 def timm_name(arch: str) -> str:
-    return arch[len(TIMM_PREFIX):]
+    return arch[len(TIMM_PREFIX) :]
 
 
 def available_architectures() -> list[str]:
@@ -74,9 +74,11 @@ def check_arch(arch: str) -> None:
         return
     if arch not in available_architectures():
         hint = f"; timm has one: --arch timm/{arch}" if timm_has(arch) else ""
-        raise ValueError(f"--arch={arch!r} is not a torchvision classifier{hint}; try one of: resnet18, resnet50, "
-                         "mobilenet_v3_small, efficientnet_b0, convnext_tiny, vit_b_16, or timm/NAME "
-                         "(all: torchvision.models.list_models(), timm.list_models())")
+        raise ValueError(
+            f"--arch={arch!r} is not a torchvision classifier{hint}; try one of: resnet18, resnet50, "
+            "mobilenet_v3_small, efficientnet_b0, convnext_tiny, vit_b_16, or timm/NAME "
+            "(all: torchvision.models.list_models(), timm.list_models())"
+        )
 
 
 def _timm_model(name: str, num_classes: int, image_size: int | None) -> nn.Module:
@@ -108,8 +110,15 @@ def eval_defaults(arch: str | None) -> EvalDefaults:
     from timm.data import resolve_data_config
 
     check_arch(arch)
-    config = resolve_data_config({}, pretrained_cfg=timm.get_pretrained_cfg(timm_name(arch)).to_dict())
+    pretrained_cfg = timm.get_pretrained_cfg(timm_name(arch))
+    config = resolve_data_config({}, pretrained_cfg=pretrained_cfg.to_dict() if pretrained_cfg else {})
     if config.get("crop_mode", "center") != "center":
         raise ValueError(f"{arch}: timm's crop_mode {config['crop_mode']!r} is not supported (only 'center')")
-    return EvalDefaults(int(config["input_size"][-1]), tuple(config["mean"]), tuple(config["std"]),
-                        str(config["interpolation"]), float(config["crop_pct"]), "timm")
+    return EvalDefaults(
+        int(config["input_size"][-1]),
+        tuple(config["mean"]),
+        tuple(config["std"]),
+        str(config["interpolation"]),
+        float(config["crop_pct"]),
+        "timm",
+    )

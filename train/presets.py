@@ -57,7 +57,9 @@ def eval_transform(pre: Preprocessing) -> T.Compose:
 def train_transform(pre: Preprocessing, min_scale: float, hflip: float) -> T.Compose:
     """Random crops (scale from `min_scale`) and optional horizontal flips, then the eval normalisation."""
     steps = [
-        T.RandomResizedCrop(pre.crop, scale=(min_scale, 1.0), interpolation=_INTERPOLATIONS[pre.interpolation], antialias=True)
+        T.RandomResizedCrop(
+            pre.crop, scale=(min_scale, 1.0), interpolation=_INTERPOLATIONS[pre.interpolation], antialias=True
+        )
     ]
     if hflip > 0:
         steps.append(T.RandomHorizontalFlip(hflip))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TRAIN, run
+
 from export.sources import read_source
 from train.checkpoint import CheckpointError, load
 
@@ -87,8 +87,10 @@ def test_every_corruption_is_refused_with_one_line_or_harmless(checkpoint: Path,
                     problems.append(f"{how}@{offset} ({reader}): loaded different weights without a word")
                 outcomes[f"{how}: harmless, loaded the original"] += 1
         slowest = max(slowest, time.monotonic() - started)
-    print(f"\ncorrupted checkpoints ({len(original_bytes) / 1e6:.0f} MB, each case read as --resume and by export): "
-          f"{dict(outcomes)}; problems {len(problems)}; slowest case {slowest:.2f} s")
+    print(
+        f"\ncorrupted checkpoints ({len(original_bytes) / 1e6:.0f} MB, each case read as --resume and by export): "
+        f"{dict(outcomes)}; problems {len(problems)}; slowest case {slowest:.2f} s"
+    )
     assert not problems, problems[:10]
     assert slowest < SLOW_CASE_S, "no case may hang"
     assert outcomes["flip: refused"] > FLIPS, "most flipped bytes are caught by the zip checksums"
@@ -101,8 +103,20 @@ def test_command_line_exits_2_with_one_line(checkpoint: Path, tmp_path: Path, ho
     exported = run([sys.executable, "-m", "export", str(target), "--out", str(tmp_path / "export"), "--no-bento"])
     assert exported.returncode == 2 and len(exported.stderr.strip().splitlines()) == 1, exported.stderr[-2000:]
     assert not (tmp_path / "export").exists(), "nothing half-written"
-    resumed = run([sys.executable, TRAIN, "--epochs", "1", "--workers", "0", "--resume", str(target),
-                   "--out", str(tmp_path / "run")])
+    resumed = run(
+        [
+            sys.executable,
+            TRAIN,
+            "--epochs",
+            "1",
+            "--workers",
+            "0",
+            "--resume",
+            str(target),
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     errors = [line for line in resumed.stderr.splitlines() if "ERROR" in line]
     assert resumed.returncode == 2 and len(errors) == 1 and "--resume:" in errors[0], resumed.stderr[-2000:]
     assert "Traceback" not in resumed.stderr

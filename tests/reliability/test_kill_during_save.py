@@ -28,7 +28,7 @@ def test_sigkill_at_random_moments_of_checkpoint_writes(tmp_path: Path):
         # The write of the next epoch file by this process (the first run is let through one complete save).
         pattern = f".epoch_{max(before, 1) + 1:04d}.pt.tmp.*"  # the temporary's name is unpredictable
 
-        def writing() -> bool:
+        def writing(pattern: str = pattern) -> bool:
             return any(out.glob(pattern))
 
         wait_for(writing, timeout=300, interval=0.001, what=pattern)
@@ -42,8 +42,10 @@ def test_sigkill_at_random_moments_of_checkpoint_writes(tmp_path: Path):
             epochs.append(survivor["epoch"])
         except Exception as err:  # noqa: BLE001 - counted, reported below
             failures.append(f"kill {attempt}: {type(err).__name__}: {err}")
-    print(f"\nSIGKILL during checkpoint writes: {KILLS} kills, {mid_write} left a partial temporary, "
-          f"{len(failures)} failures; epochs reached {epochs[:3]}...{epochs[-3:]}")
+    print(
+        f"\nSIGKILL during checkpoint writes: {KILLS} kills, {mid_write} left a partial temporary, "
+        f"{len(failures)} failures; epochs reached {epochs[:3]}...{epochs[-3:]}"
+    )
     assert not failures, failures
     assert mid_write >= KILLS // 2, "most kills should land inside a write"
     assert epochs == sorted(epochs), "a kill never takes the run back to an older checkpoint"

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import load, run, torchrun_cmd
+
 from export.manifest import sha256_file
 
 FAST = ("--batch-size", "32", "--seed", "1", "--workers", "0", "--keep-last", "1")
@@ -21,7 +21,9 @@ def small_disk(tmp_path: Path):
     """A 200 MB tmpfs: room for one digits checkpoint (~90 MB) and not for a second beside it once filled."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200m", "tmpfs", str(mount)], capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=200m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
     yield mount
@@ -69,5 +71,7 @@ def test_read_only_run_folder_is_refused_with_one_line(small_disk: Path):
     result = run(torchrun_cmd(1, "--epochs", "1", "--out", str(out), *FAST), timeout=120)
     errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
     assert result.returncode != 0
-    assert len(errors) == 1 and "cannot write to the run folder" in errors[0] and "(EROFS)" in errors[0], result.stderr[-2000:]
+    assert len(errors) == 1 and "cannot write to the run folder" in errors[0] and "(EROFS)" in errors[0], result.stderr[
+        -2000:
+    ]
     assert os.listdir(out) == []

@@ -24,7 +24,6 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-
 from conftest import Server, digit_images, eager_top1, png_bytes
 
 CONCURRENCY = 32
@@ -35,17 +34,36 @@ SOAK_REQUESTS = int(os.environ.get("HANDOFF_SOAK_REQUESTS", "10000"))
 
 @pytest.fixture(scope="module")
 def server(exported: Path, tmp_path_factory):
-    with Server(tmp_path_factory.mktemp("load") / "serve.log", HANDOFF_MODEL_DIR=str(exported),
-                HANDOFF_TIMEOUT_S=str(SOAK_TIMEOUT_S)) as srv:
+    with Server(
+        tmp_path_factory.mktemp("load") / "serve.log",
+        HANDOFF_MODEL_DIR=str(exported),
+        HANDOFF_TIMEOUT_S=str(SOAK_TIMEOUT_S),
+    ) as srv:
         srv.wait_ready()
         yield srv
 
 
 def test_schemathesis_finds_no_server_error(server):
     schemathesis = Path(sys.executable).parent / "schemathesis"
-    result = subprocess.run([str(schemathesis), "run", f"{server.url}/docs.json", "--checks", "not_a_server_error",
-                             "--max-examples", "200", "--seed", "1", "--workers", "1", "--no-color"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            str(schemathesis),
+            "run",
+            f"{server.url}/docs.json",
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            "200",
+            "--seed",
+            "1",
+            "--workers",
+            "1",
+            "--no-color",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     summary = re.search(r"(\d+) generated, .*", result.stdout)
     print(f"\nschemathesis against /docs.json: {summary.group(0) if summary else result.stdout[-500:]}")
     assert result.returncode == 0, result.stdout[-4000:]
@@ -67,16 +85,23 @@ def request_mix(eager) -> list[tuple[str, dict, int, int | None]]:
     tensor = transform(images[0]).unsqueeze(0).numpy()
     nan = np.full_like(tensor, np.nan)
     jpeg = png_bytes(images[1], "JPEG", quality=95)
-    mix = [("/classify", {"files": {"image": ("d.png", png_bytes(img))}}, 200, top1)
-           for img, top1 in zip(images, expected)]
+    mix = [
+        ("/classify", {"files": {"image": ("d.png", png_bytes(img))}}, 200, top1) for img, top1 in zip(images, expected)
+    ]
     mix += [("/predict", {"json": {"tensor": tensor.tolist()}}, 200, expected[0])] * 8
-    bad = [("/classify", {"files": {"image": ("x.jpg", b"not an image at all")}}, 400, None),
-           ("/classify", {"files": {"image": ("cut.jpg", jpeg[: len(jpeg) // 2])}}, 400, None),
-           ("/classify", {"files": {"file": ("d.png", png_bytes(images[0]))}}, 400, None),
-           ("/classify", {"content": b"hello", "headers": {"content-type": "text/plain"}}, 415, None),
-           ("/predict", {"content": json.dumps({"tensor": nan.tolist()}), "headers": {"content-type": "application/json"}},
-            400, None),
-           ("/predict", {"json": {"tensor": [[1.0, 2.0]]}}, 400, None)]
+    bad = [
+        ("/classify", {"files": {"image": ("x.jpg", b"not an image at all")}}, 400, None),
+        ("/classify", {"files": {"image": ("cut.jpg", jpeg[: len(jpeg) // 2])}}, 400, None),
+        ("/classify", {"files": {"file": ("d.png", png_bytes(images[0]))}}, 400, None),
+        ("/classify", {"content": b"hello", "headers": {"content-type": "text/plain"}}, 415, None),
+        (
+            "/predict",
+            {"content": json.dumps({"tensor": nan.tolist()}), "headers": {"content-type": "application/json"}},
+            400,
+            None,
+        ),
+        ("/predict", {"json": {"tensor": [[1.0, 2.0]]}}, 400, None),
+    ]
     return mix + bad * 2  # 28 good, 12 bad
 
 
@@ -96,7 +121,11 @@ async def soak(url: str, mix: list, total: int, warm_at: int, on_warm) -> tuple[
             if top1 is not None:
                 latencies.append(time.perf_counter() - started)
                 body = response.json() if response.status_code == 200 else {}
-                got = body["predictions"][0]["index"] if "predictions" in body else int(np.argmax(body.get("logits", [[-1]])[0]))
+                got = (
+                    body["predictions"][0]["index"]
+                    if "predictions" in body
+                    else int(np.argmax(body.get("logits", [[-1]])[0]))
+                )
                 if response.status_code != 200 or got != top1:
                     failures.append(f"{path}: {response.status_code} top-1 {got} != {top1}: {response.text[:200]}")
             elif response.status_code != status:
@@ -113,15 +142,18 @@ async def soak(url: str, mix: list, total: int, warm_at: int, on_warm) -> tuple[
 def run_soak(server: Server, eager, total: int, warm_at: int) -> None:
     warm: list[float] = []
     started = time.monotonic()
-    failures, latencies = asyncio.run(soak(server.url, request_mix(eager), total, warm_at,
-                                           on_warm=lambda: warm.append(server_rss_mb(server))))
+    failures, latencies = asyncio.run(
+        soak(server.url, request_mix(eager), total, warm_at, on_warm=lambda: warm.append(server_rss_mb(server)))
+    )
     seconds = time.monotonic() - started
     growth = server_rss_mb(server) - warm[0]
     p50, p99 = np.percentile(latencies, [50, 99]) * 1000
-    print(f"\nsoak: {total} requests at concurrency {CONCURRENCY} in {seconds:.0f} s ({total / seconds:.0f}/s), "
-          f"{len(latencies)} good: {len(failures)} failures; p50 {p50:.0f} ms, p99 {p99:.0f} ms; "
-          f"server memory {warm[0]:.0f} MB after {warm_at} requests, then {growth:+.1f} MB over the last "
-          f"{total - warm_at} ({growth * 2**20 / (total - warm_at):.0f} bytes per request)")
+    print(
+        f"\nsoak: {total} requests at concurrency {CONCURRENCY} in {seconds:.0f} s ({total / seconds:.0f}/s), "
+        f"{len(latencies)} good: {len(failures)} failures; p50 {p50:.0f} ms, p99 {p99:.0f} ms; "
+        f"server memory {warm[0]:.0f} MB after {warm_at} requests, then {growth:+.1f} MB over the last "
+        f"{total - warm_at} ({growth * 2**20 / (total - warm_at):.0f} bytes per request)"
+    )
     assert not failures, failures[:10]
     assert growth < MEMORY_GROWTH_LIMIT_MB
     assert server.status("/readyz") == 200
@@ -156,8 +188,10 @@ def test_overload_is_refused_quickly_and_the_service_recovers(exported: Path, ea
         results = asyncio.run(burst_of(burst))
         statuses = [s for s, _ in results]
         refused = [t for s, t in results if s == 429]
-        print(f"\noverload: {burst} at once against a limit of {limit}: {statuses.count(200)} answered, "
-              f"{len(refused)} refused with 429 (slowest refusal {max(refused, default=0) * 1000:.0f} ms)")
+        print(
+            f"\noverload: {burst} at once against a limit of {limit}: {statuses.count(200)} answered, "
+            f"{len(refused)} refused with 429 (slowest refusal {max(refused, default=0) * 1000:.0f} ms)"
+        )
         assert set(statuses) <= {200, 429}, statuses
         assert refused, "a burst 16x the limit must be refused in part"
         assert max(refused) < 2.0, "refusals are immediate, not timeouts"
