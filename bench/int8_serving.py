@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
 from bench.serve_throughput import CONCURRENCY, load, make_jpegs, make_model, measure_limit  # noqa: E402
-from serve.process import BentoServer  # noqa: E402
+from harness.server import BentoServer  # noqa: E402
 
 
 def digits_accuracy(work: Path) -> dict:

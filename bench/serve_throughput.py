@@ -33,8 +33,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
+from harness.server import BentoServer  # noqa: E402
 from serve.preprocess import Preprocessor  # noqa: E402
-from serve.process import BentoServer  # noqa: E402
 from serve.runtime import onnx_providers  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)

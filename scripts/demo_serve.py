@@ -21,7 +21,7 @@ import httpx
 import torch
 from PIL import Image
 
-from serve.process import BentoServer
+from harness.server import BentoServer
 from train.checkpoint import load
 from train.data import digits_split
 from train.models import build_model

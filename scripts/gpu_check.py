@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from export.ort_cuda import preload_cuda_libraries  # noqa: E402
-from serve.process import BentoServer  # noqa: E402
+from harness.server import BentoServer  # noqa: E402
 
 
 @dataclass

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from serve.process import BentoServer, free_port  # noqa: F401 - re-exported for the tests
+from harness.server import BentoServer, free_port  # noqa: F401 - re-exported for the tests
 from train.data import digits_split
 from train.models import build_model
 from train.presets import Preprocessing, eval_transform
@@ -73,12 +73,6 @@ def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs"
-
-
-@pytest.fixture(scope="session")
-def digits_args() -> tuple[str, ...]:
-    """Fast, deterministic settings for the embedded digits (CPU)."""
-    return ("--epochs", "4", "--batch-size", "32", "--seed", "1")
 
 
 Server = BentoServer  # the tests start the service exactly as `make demo` does

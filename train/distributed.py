@@ -22,8 +22,7 @@ log = logging.getLogger(__name__)
 class DistInfo:
     rank: int
     world_size: int
-    local_rank: int
-    device: torch.device
+    device: torch.device  # this process's GPU (chosen by LOCAL_RANK), or the CPU
     backend: str | None  # None when running without a process group
 
     @property
@@ -48,7 +47,7 @@ def setup(timeout_s: float = 1800.0) -> DistInfo:
         device = torch.device("cpu")
         backend = "gloo"
     if "RANK" not in os.environ:
-        return DistInfo(0, 1, 0, device, None)
+        return DistInfo(0, 1, device, None)
     timeout = datetime.timedelta(seconds=timeout_s)
     init_kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
     if "TORCHELASTIC_RESTART_COUNT" in os.environ:
@@ -56,7 +55,7 @@ def setup(timeout_s: float = 1800.0) -> DistInfo:
     if backend == "nccl":
         init_kwargs["device_id"] = device
     dist.init_process_group(**init_kwargs)
-    return DistInfo(rank, world_size, local_rank, device, backend)
+    return DistInfo(rank, world_size, device, backend)
 
 
 def _store_for_this_attempt(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
@@ -80,11 +79,6 @@ def _store_for_this_attempt(rank: int, world_size: int, timeout: datetime.timede
 def cleanup() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

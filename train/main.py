@@ -36,7 +36,6 @@ from train.checkpoint import (
     CheckpointError,
     CheckpointWriteError,
     capture_rng,
-    load,
     make_meta,
     restore_rng,
 )
@@ -211,19 +210,6 @@ def evaluate(
     return total_loss / total, 100.0 * total_correct / total
 
 
-def resolve_resume(resume: str, checkpointer: Checkpointer) -> str | None:
-    if resume == "none":
-        return None
-    if resume == "auto":
-        if checkpointer.last.is_symlink():  # handoff writes last.pt as a file or a hard link, never a symlink
-            raise CheckpointError(
-                f"{checkpointer.last} is a symbolic link, which the trainer never writes; remove it "
-                "or pass --resume PATH"
-            )
-        return str(checkpointer.last) if checkpointer.last.is_file() else None
-    return resume
-
-
 def main(args: argparse.Namespace) -> int:
     exit_when_orphaned()
     info = distributed.setup()
@@ -277,10 +263,14 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
         log.warning("--amp fp16 on the CPU is emulated and about 50x slower here; use --amp bf16")
     scaler = torch.amp.GradScaler(info.device.type, enabled=args.amp == "fp16")
     criterion = nn.CrossEntropyLoss()
-    try:  # rank 0 takes the run folder's lock here; its refusal reaches every rank through the broadcast below
+    try:  # rank 0 takes the run folder's lock here; its refusal reaches every rank
         checkpointer, error = Checkpointer(ckpt_cfg, info.is_main, async_save=args.async_save), None
     except CheckpointError as err:
         checkpointer, error = None, str(err)
+    error = distributed.broadcast_object(error)
+    if error:
+        raise CheckpointError(error)
+    assert checkpointer is not None
     metrics = MetricsLog(ckpt_cfg.folder)
     meta = make_meta(
         args.arch,
@@ -293,19 +283,7 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     torch.manual_seed(args.seed + info.rank)  # from here on, each rank draws its own random numbers
     epoch, position, step, best_acc1 = 0, 0, 0, 0.0
     # Rank 0 alone reads the checkpoint and broadcasts it: other nodes need not share its file system.
-    ckpt = None
-    if info.is_main and checkpointer is not None:
-        try:
-            path = resolve_resume(args.resume, checkpointer)
-            if path is not None:
-                ckpt = load(path, map_location="cpu")
-                log.info("resuming from %s", path)
-        except CheckpointError as err:
-            error = f"--resume: {err}"
-    ckpt, error = distributed.broadcast_object((ckpt, error))
-    if error:
-        raise CheckpointError(error)
-    assert checkpointer is not None  # every rank has one once no error was broadcast
+    ckpt = checkpointer.load(args.resume)  # the same checkpoint (or error) on every rank
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])  # the bare module, before DDP wraps it
         optimizer.load_state_dict(ckpt["optimizer"])

@@ -1,0 +1,1 @@
+"""What starts the service for tests, the demo and the benchmarks: not part of the served package."""
