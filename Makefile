@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NPROC ?= 2
 RUN ?= runs/demo
 
-.PHONY: install demo test soak bench clean
+.PHONY: install demo test test-fast lint soak bench clean
 
 install: $(STAMP)
 
@@ -27,6 +27,16 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest
+
+# The pure code alone (key unwrapping, sampler, pruning, request limits, batcher, manifest checks): seconds.
+test-fast: install
+	$(BIN)/python -m pytest tests/unit -m "not e2e"
+
+# Style, import order and formatting (ruff), and types (mypy on train/, export/, serve/).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # 10,000 mixed requests at concurrency 32 against a served model: failures, memory growth, p99 (~3 min).
 soak: install

@@ -42,4 +42,7 @@ class ModelBatcher:
         return np.split(outputs, sizes)
 
     async def __call__(self, batch: np.ndarray) -> np.ndarray:
-        return await self._call(batch)  # type: ignore[return-value]
+        result = await self._call(batch)
+        if isinstance(result, Exception):  # the dispatcher returns its fallback (overload) instead of raising it
+            raise result
+        return result

@@ -76,6 +76,14 @@ def assert_same_tensors(a: dict, b: dict) -> None:
 
 
 Server = BentoServer  # the tests start the service exactly as `make demo` does
+UNIT = Path(__file__).resolve().parent / "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything outside tests/unit/ is end to end (real processes): `make test-fast` leaves it out."""
+    for item in items:
+        if UNIT not in Path(item.path).parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")
