@@ -10,6 +10,7 @@ keeps BentoML's adaptive batching algorithm and hands it arrays, not JSON.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import anyio
 import numpy as np
@@ -42,7 +43,7 @@ class ModelBatcher:
         return np.split(outputs, sizes)
 
     async def __call__(self, batch: np.ndarray) -> np.ndarray:
-        result = await self._call(batch)
+        result: Any = await self._call(batch)
         if isinstance(result, Exception):  # the dispatcher returns its fallback (overload) instead of raising it
             raise result
         return result
