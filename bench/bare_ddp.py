@@ -18,7 +18,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from train.data import DigitsDataset, digits_split
 from train.models import build_model
-from train.presets import Preprocessing, train_transform
+from train.preprocessing import Preprocessing
+from train.presets import train_transform
 
 
 def main() -> None:

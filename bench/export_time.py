@@ -10,7 +10,6 @@ the wall time also counts interpreter start and imports. Ratios: each phase's sh
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import torchvision
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
+from export.manifest import read_manifest_unchecked  # noqa: E402
 
 ARCHS = ("resnet18", "resnet50")
 
@@ -45,7 +45,7 @@ def main() -> int:
             capture_output=True,
         )
         wall = time.perf_counter() - started
-        phases = json.loads((work / f"{arch}.pth.export" / "manifest.json").read_text())["timings"]
+        phases = read_manifest_unchecked(work / f"{arch}.pth.export")["timings"]
         total = sum(phases.values())
         figures["phases"][arch] = phases
         figures["median_seconds"][f"{arch}_wall"] = wall

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
 from bench.serve_throughput import CONCURRENCY, load, make_jpegs, make_model, measure_limit  # noqa: E402
+from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def digits_accuracy(work: Path) -> dict:
         check=True,
         capture_output=True,
     )
-    return json.loads((run / "last.export" / "manifest.json").read_text())["int8"]
+    return read_manifest_unchecked(run / "last.export")["int8"]
 
 
 def main() -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
+from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from serve.preprocess import Preprocessor  # noqa: E402
 from serve.runtime import onnx_providers  # noqa: E402
@@ -101,7 +101,7 @@ def measure_limit(
 ) -> dict:
     import onnxruntime as ort
 
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = read_manifest_unchecked(folder)
     pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
     session = ort.InferenceSession(str(folder / model_file), providers=onnx_providers(device))
     assert_provider("limit", session.get_providers(), device)

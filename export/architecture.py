@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from export.manifest import preprocess_from_meta
 from export.sources import Source
 from export.unwrap import LoadMismatch, Unwrapped, strict_load, unwrap_keys
 from train.models import TIMM_PREFIX, build_model, check_arch, eval_defaults, is_timm, timm_has, timm_name
+from train.preprocessing import Preprocessing
 
 log = logging.getLogger(__name__)
 _PROBE_CLASSES = 1013  # an unlikely class count, so the classifier's tensors are easy to spot
@@ -116,7 +116,7 @@ def _image_size(src: Source, flag: int | None) -> int | None:
 
 def _preprocess(src: Source, arch: str | None, image_size: int | None) -> dict[str, Any]:
     if src.meta:
-        return preprocess_from_meta(src.meta)
+        return Preprocessing.from_meta(src.meta).to_manifest()
     hints = src.preprocess_hints
     defaults = eval_defaults(arch)
     defaults = dataclasses.replace(defaults, crop_pct=float(hints.get("crop_pct") or defaults.crop_pct))

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from export.manifest import ONNX_DATA
+from export.manifest import MANIFEST, ONNX_DATA
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def export_pt2(model: nn.Module, example: torch.Tensor, path: Path, manifest_fie
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = _dynamic_batch_program(model, example)
-    torch.export.save(program, str(path), extra_files={"manifest.json": json.dumps(manifest_fields)})
+    torch.export.save(program, str(path), extra_files={MANIFEST: json.dumps(manifest_fields)})
     return {"files": [path.name]}
 
 
@@ -90,7 +90,7 @@ def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path, mani
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(model, example, check_trace=True, check_inputs=[(other_batch,)])
-    torch.jit.save(traced, str(path), _extra_files={"manifest.json": json.dumps(manifest_fields)})
+    torch.jit.save(traced, str(path), _extra_files={MANIFEST: json.dumps(manifest_fields)})
     return {"files": [path.name]}
 
 

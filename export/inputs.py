@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 
 from train.checkpoint import EMBEDDED_DIGITS
-from train.presets import Preprocessing, eval_transform
+from train.preprocessing import Preprocessing
+from train.presets import eval_transform
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,7 @@ def load_images(files: list[Path]) -> list[Image.Image]:
 
 def eval_transform_of(preprocess: dict[str, Any]) -> Any:
     """The torchvision evaluation transform a manifest's `preprocess` block describes."""
-    return eval_transform(
-        Preprocessing(**{**preprocess, "mean": tuple(preprocess["mean"]), "std": tuple(preprocess["std"])})
-    )
+    return eval_transform(Preprocessing.from_manifest(preprocess))
 
 
 def _real_images(data: str | None, samples: Path | None, limit: int) -> tuple[list[Image.Image], str]:

@@ -39,18 +39,6 @@ def describe_artifacts(folder: Path, names: list[str]) -> dict[str, dict[str, An
     return {name: {"sha256": sha256_file(folder / name), "bytes": (folder / name).stat().st_size} for name in names}
 
 
-def preprocess_from_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's `preprocess` block from a training checkpoint's `meta` (same names, crop = image_size)."""
-    return {
-        "resize": int(meta["resize"]),
-        "crop": int(meta["image_size"]),
-        "mean": [float(v) for v in meta["mean"]],
-        "std": [float(v) for v in meta["std"]],
-        "interpolation": str(meta["interpolation"]),
-        "channels": int(meta["channels"]),
-    }
-
-
 def new_manifest(
     arch: str,
     classes: list[str],
@@ -105,6 +93,11 @@ def _read_regular_file(path: Path) -> bytes:
         raise ManifestError(f"{path.name}: not a regular file")
     with os.fdopen(fd, "rb") as f:
         return f.read()
+
+
+def read_manifest_unchecked(folder: Path) -> dict[str, Any]:
+    """The manifest of any export, passed or not (for reports and tools; serve uses read_manifest)."""
+    return json.loads((Path(folder) / MANIFEST).read_text())
 
 
 def read_manifest(folder: Path, expected_sha256: str | None = None) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import statistics
 import sys
 import time
@@ -21,11 +20,9 @@ import httpx
 import torch
 from PIL import Image
 
+from harness.reference import eager_from_export
 from harness.server import BentoServer
-from train.checkpoint import load
 from train.data import digits_split
-from train.models import build_model
-from train.presets import Preprocessing, eval_transform
 
 
 def main() -> int:
@@ -33,16 +30,11 @@ def main() -> int:
     p.add_argument("export_dir", type=Path, help="a folder written by `python -m export`")
     p.add_argument("--images", type=int, default=100, help="validation images to classify")
     args = p.parse_args()
-    manifest = json.loads((args.export_dir / "manifest.json").read_text())
     _, (x_val, y_val) = digits_split()
     images = [Image.fromarray(img).convert("RGB") for img in x_val[: args.images]]
     labels = [int(y) for y in y_val[: args.images]]
 
-    model = build_model(manifest["arch"], manifest["num_classes"], manifest["preprocess"]["crop"])
-    model.load_state_dict(load(manifest["source"]["checkpoint"])["model"])
-    transform = eval_transform(
-        Preprocessing(crop=manifest["preprocess"]["crop"], resize=manifest["preprocess"]["resize"])
-    )
+    model, transform = eager_from_export(args.export_dir)
     with torch.inference_mode():
         eager = model.eval()(torch.stack([transform(img) for img in images])).argmax(1).tolist()
 

@@ -28,6 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.ort_cuda import preload_cuda_libraries  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
@@ -169,7 +170,7 @@ def export_with_parity(out: Path, arch: str, device: str, fp16: bool, image_size
         ],
         out / f"export{'_fp16' if fp16 else ''}.log",
     )
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = read_manifest_unchecked(folder)
     parity = manifest["parity"]
     if device == "cuda" and not any(r["device"] == "cuda" for r in parity["results"]):
         raise RuntimeError("no artifact was compared on CUDA")

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from train.preprocessing import Preprocessing
+
 ACCEPTED_FORMATS = {"JPEG", "PNG", "WEBP", "BMP", "GIF"}
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
@@ -42,13 +44,13 @@ class Preprocessor:
 
     @classmethod
     def from_manifest(cls, preprocess: dict[str, Any], max_pixels: int) -> Preprocessor:
-        shape = (-1, 1, 1)
+        spec, shape = Preprocessing.from_manifest(preprocess), (-1, 1, 1)
         return cls(
-            int(preprocess["resize"]),
-            int(preprocess["crop"]),
-            np.asarray(preprocess["mean"], dtype=np.float32).reshape(shape),
-            np.asarray(preprocess["std"], dtype=np.float32).reshape(shape),
-            preprocess["interpolation"],
+            spec.resize,
+            spec.crop,
+            np.asarray(spec.mean, dtype=np.float32).reshape(shape),
+            np.asarray(spec.std, dtype=np.float32).reshape(shape),
+            spec.interpolation,
             max_pixels,
         )
 

@@ -4,7 +4,6 @@ digits model over HTTP."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import subprocess
@@ -17,10 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
+from harness.reference import eager_from_export  # noqa: F401 - re-exported for the tests
 from harness.server import BentoServer, free_port  # noqa: F401 - re-exported for the tests
 from train.data import digits_split
-from train.models import build_model
-from train.presets import Preprocessing, eval_transform
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "train" / "main.py")
@@ -95,25 +93,6 @@ def exported(tmp_path_factory) -> Path:
     done = run([sys.executable, "-m", "export", str(run_dir / "last.pt"), "--no-bento"])
     assert done.returncode == 0, done.stderr
     return run_dir / "last.export"
-
-
-def eager_from_export(folder: Path):
-    """The eager model behind a handoff-checkpoint export, with the evaluation transform its manifest
-    describes (crop, resize, mean, std, interpolation)."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    pre = manifest["preprocess"]
-    model = build_model(manifest["arch"], manifest["num_classes"], pre["crop"])
-    model.load_state_dict(load(Path(manifest["source"]["checkpoint"]))["model"])
-    transform = eval_transform(
-        Preprocessing(
-            crop=pre["crop"],
-            resize=pre["resize"],
-            mean=tuple(pre["mean"]),
-            std=tuple(pre["std"]),
-            interpolation=pre["interpolation"],
-        )
-    )
-    return model.eval(), transform
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@ virtualenv made only from the Bento's own requirements, outside this checkout, a
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 import yaml
 from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_cuda_library, png_bytes
 
+from export.manifest import read_manifest_unchecked
 from serve.config import SETTINGS
 from serve.preprocess import Preprocessor
 
@@ -28,7 +28,7 @@ def bento(exported: Path, tmp_path_factory) -> dict:
     Bento's requirements."""
     work = tmp_path_factory.mktemp("bento")
     env = {**os.environ, "BENTOML_HOME": str(work / "home")}
-    checkpoint = json.loads((exported / "manifest.json").read_text())["source"]["checkpoint"]
+    checkpoint = read_manifest_unchecked(exported)["source"]["checkpoint"]
     out = work / "export"
     done = subprocess.run(
         [sys.executable, "-m", "export", checkpoint, "--out", str(out)],
@@ -88,7 +88,7 @@ def test_the_built_bento_serves_from_a_torch_free_environment(bento, eager, tmp_
     assert "\ntorch==" not in requirements and "onnxruntime-gpu==" in requirements
 
     images, _ = digit_images(20)
-    manifest = json.loads((bento["export"] / "manifest.json").read_text())
+    manifest = read_manifest_unchecked(bento["export"])
     preprocess = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
     session = ort.InferenceSession(str(bento["export"] / "model.onnx"), providers=["CPUExecutionProvider"])
     logits = session.run(None, {"input": np.stack([preprocess(img) for img in images])})[0]

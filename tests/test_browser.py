@@ -3,7 +3,6 @@ top-1 label the page shows, compare it with the eager model's. A screenshot is k
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -11,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, Server, digit_images, eager_top1, png_bytes
+
+from export.manifest import read_manifest_unchecked
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -63,7 +64,7 @@ def test_page_classifies_an_uploaded_image_like_the_eager_model(browser, exporte
     image = digit_images(8)[0][7].resize((96, 96))  # a validation digit; the service resizes as in training
     upload = tmp_path / "digit.png"
     upload.write_bytes(png_bytes(image))
-    classes = json.loads((exported / "manifest.json").read_text())["classes"]
+    classes = read_manifest_unchecked(exported)["classes"]
     expected = classes[eager_top1(eager, [image])[0]]
 
     with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported)) as srv:

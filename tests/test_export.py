@@ -16,7 +16,7 @@ import torch
 from conftest import ROOT, TRAIN
 from conftest import run as run_cmd
 
-from export.manifest import MANIFEST_FORMAT, sha256_file
+from export.manifest import MANIFEST, MANIFEST_FORMAT, read_manifest_unchecked, sha256_file
 
 WRAPPED = {  # fixture -> wrapper prefixes the exporter must report as removed
     "bare.pth": [],
@@ -50,7 +50,7 @@ def export_cli(*args: str, bento_home: Path | None = None) -> subprocess.Complet
 
 
 def read_manifest(folder: Path) -> dict:
-    return json.loads((folder / "manifest.json").read_text())
+    return read_manifest_unchecked(folder)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
@@ -143,15 +143,10 @@ def test_trainer_checkpoint_end_to_end(tmp_path: Path, bento_home: Path):
     # Compare the ONNX output with the eager model ourselves, on real digits at several batch sizes.
     from PIL import Image
 
-    from train.checkpoint import load
+    from harness.reference import eager_from_export
     from train.data import digits_split
-    from train.models import build_model
-    from train.presets import Preprocessing, eval_transform
 
-    model = build_model("resnet18", 10, 32)
-    model.load_state_dict(load(run_dir / "last.pt")["model"])
-    model.eval()
-    transform = eval_transform(Preprocessing(crop=32, resize=32))
+    model, transform = eager_from_export(out)
     _, (x_val, y_val) = digits_split()
     batch = torch.stack([transform(Image.fromarray(img).convert("RGB")) for img in x_val[:13]])
     with torch.inference_mode():
@@ -343,10 +338,10 @@ def test_out_replaces_only_an_export_and_a_failed_attempt_keeps_the_good_one(che
 
     out = tmp_path / "good"
     assert export_cli(bare, *common, "--out", str(out)).returncode == 0
-    good = sha256_file(out / "manifest.json")
+    good = sha256_file(out / MANIFEST)
     failed = export_cli(bare, *common, "--out", str(out), "--atol", "0", "--rtol", "0")
     assert failed.returncode == 3
-    assert sha256_file(out / "manifest.json") == good, "the passing export survives the failed attempt"
+    assert sha256_file(out / MANIFEST) == good, "the passing export survives the failed attempt"
     assert read_manifest(tmp_path / "good.failed")["status"] == "failed"
     assert "good.failed" in failed.stderr
     assert export_cli(bare, *common, "--out", str(out)).returncode == 0  # an export is replaced by a new one

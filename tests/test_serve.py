@@ -18,8 +18,10 @@ import torch
 from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_cuda_library, png_bytes
 from PIL import Image
 
+from export.manifest import read_manifest_unchecked
 from serve.preprocess import Preprocessor
-from train.presets import Preprocessing, eval_transform
+from train.preprocessing import Preprocessing
+from train.presets import eval_transform
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def test_predict_matches_eager_logits(server, eager):
 
 def test_info_and_probes(server, exported):
     info = httpx.get(f"{server.url}/info", timeout=10).json()
-    manifest = json.loads((exported / "manifest.json").read_text())
+    manifest = read_manifest_unchecked(exported)
     assert info["ready"] and info["runtime"] == "onnx"
     assert info["provider"] == "CPUExecutionProvider" and info["device"] == "cpu"
     assert info["model"]["sha256"] == manifest["artifacts"]["model.onnx"]["sha256"]
@@ -305,7 +307,7 @@ def test_cuda_provider_finds_the_pip_installed_cuda_libraries(exported):
 def without_onnx(exported: Path, tmp_path_factory) -> Path:
     """An export of the same checkpoint made with --formats torchscript,safetensors: it lists no model.onnx."""
     out = tmp_path_factory.mktemp("no_onnx") / "export"
-    checkpoint = json.loads((exported / "manifest.json").read_text())["source"]["checkpoint"]
+    checkpoint = read_manifest_unchecked(exported)["source"]["checkpoint"]
     done = subprocess.run(
         [
             sys.executable,

@@ -27,6 +27,7 @@ from conftest import (
     wait_for,
 )
 
+from export.manifest import read_manifest_unchecked
 from train.checkpoint import FORMAT, META_KEYS, REQUIRED_KEYS
 from train.models import build_model
 
@@ -302,7 +303,7 @@ def test_imagefolder_data_trains_and_exports_with_its_val_images(tmp_path: Path)
     assert meta["resize"] == round(32 / 0.875) and meta["image_size"] == 32
     exported = run([torchrun_cmd(1)[0], "-m", "export", str(out / "last.pt"), "--formats", "onnx", "--no-bento"])
     assert exported.returncode == 0, exported.stderr
-    manifest = json.loads((out / "last.export" / "manifest.json").read_text())
+    manifest = read_manifest_unchecked(out / "last.export")
     assert manifest["classes"] == meta["classes"]
     assert str(root / "val") in manifest["parity"]["inputs_described"]
 

@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from torchvision import datasets
 
 from train.models import eval_defaults, is_timm
-from train.presets import Preprocessing, eval_transform, train_transform
+from train.preprocessing import Preprocessing
+from train.presets import eval_transform, train_transform
 
 DEFAULT_IMAGE_SIZE = 32  # torchvision models, when --image-size is not given
 DIGITS_VAL_FRACTION = 0.2

@@ -275,7 +275,7 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     meta = make_meta(
         args.arch,
         ds.classes,
-        ds.preprocessing.to_meta(),
+        ds.preprocessing,
         info.world_size,
         data=str(Path(args.data).resolve()) if args.data else EMBEDDED_DIGITS,
     )

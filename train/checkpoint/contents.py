@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from train.checkpoint.errors import CheckpointError
+from train.preprocessing import Preprocessing
 
 FORMAT = "handoff.checkpoint/1"
 EMBEDDED_DIGITS = "embedded:digits"
@@ -74,7 +75,7 @@ def _as_tuple(value: Any) -> Any:
 
 
 def make_meta(
-    arch: str, classes: list[str], preprocessing: dict[str, Any], world_size: int, data: str
+    arch: str, classes: list[str], preprocessing: Preprocessing, world_size: int, data: str
 ) -> dict[str, Any]:
     """Everything export needs to rebuild the model and its input pipeline with no flags."""
     return {
@@ -82,12 +83,7 @@ def make_meta(
         "arch": arch,
         "num_classes": len(classes),
         "classes": list(classes),
-        "image_size": preprocessing["crop"],
-        "mean": list(preprocessing["mean"]),
-        "std": list(preprocessing["std"]),
-        "resize": preprocessing["resize"],
-        "interpolation": preprocessing["interpolation"],
-        "channels": preprocessing["channels"],
+        **preprocessing.to_meta(),  # image_size, resize, mean, std, interpolation, channels
         "world_size": world_size,
         "torch": str(torch.__version__),  # TorchVersion is a class: weights_only would refuse it
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -1,0 +1,65 @@
+"""How an image becomes the model's input at evaluation time: the one description all three stages share.
+
+The trainer writes it into the checkpoint's `meta` (where the crop is called `image_size`), export reads it
+from there and writes it as the manifest's `preprocess` block, and the service reads it from the manifest.
+`to_meta`/`from_meta` and `to_manifest`/`from_manifest` are the only writers and readers. Plain Python,
+no torch: the service imports it (train/presets.py builds the torchvision transform from it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Resize the shorter side to `resize`, center-crop `crop` x `crop`, scale to [0, 1], normalise."""
+
+    crop: int  # the square the model sees (the checkpoint meta's `image_size`)
+    resize: int  # shorter side resized to this before the center crop
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    interpolation: str = "bilinear"
+    channels: int = 3
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation={self.interpolation!r}: choose one of {', '.join(INTERPOLATIONS)}")
+        if self.resize < self.crop:
+            raise ValueError(f"resize={self.resize} is smaller than the crop {self.crop}")
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "resize": self.resize,
+            "crop": self.crop,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "interpolation": self.interpolation,
+            "channels": self.channels,
+        }
+
+    @classmethod
+    def from_manifest(cls, block: dict[str, Any]) -> Preprocessing:
+        return cls(
+            int(block["crop"]),
+            int(block["resize"]),
+            tuple(float(v) for v in block["mean"]),
+            tuple(float(v) for v in block["std"]),
+            str(block["interpolation"]),
+            int(block["channels"]),
+        )
+
+    def to_meta(self) -> dict[str, Any]:
+        """The checkpoint meta's preprocessing fields."""
+        block = self.to_manifest()
+        block["image_size"] = block.pop("crop")
+        return block
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> Preprocessing:
+        return cls.from_manifest({**meta, "crop": meta["image_size"]})
