@@ -30,7 +30,7 @@ test: install
 
 # The pure code alone (key unwrapping, sampler, pruning, request limits, batcher, manifest checks): seconds.
 test-fast: install
-	$(BIN)/python -m pytest tests/unit -m "not e2e"
+	$(BIN)/python -m pytest tests/unit -m "not e2e" -n 0
 
 # Style, import order and formatting (ruff), and types (mypy on train/, export/, serve/).
 lint: install
@@ -40,7 +40,7 @@ lint: install
 
 # 10,000 mixed requests at concurrency 32 against a served model: failures, memory growth, p99 (~3 min).
 soak: install
-	$(BIN)/python -m pytest tests/reliability/test_service_load.py -m soak -s
+	$(BIN)/python -m pytest tests/reliability/test_service_load.py -m soak -s -n 0
 
 # Every benchmark writes bench/results/<name>.json; BENCHMARKS.md is regenerated from them.
 bench: install

@@ -214,7 +214,7 @@ def timm_checkpoint(folder: Path) -> tuple[Path, dict, dict]:
     optimizer = torch.optim.AdamW(model.parameters())
     args = argparse.Namespace(
         model=TIMM_ARCH,
-        img_size=None,
+        img_size=64,
         input_size=None,
         crop_pct=None,
         interpolation="",

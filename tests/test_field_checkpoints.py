@@ -79,8 +79,8 @@ def test_timm_checkpoint_saver_with_and_without_ema(field, tmp_path):
     manifest = assert_exports_like(path, arch, trained, tmp_path / "trained")
     assert manifest["source"]["container"] == "timm"
     pre = manifest["preprocess"]
-    # timm's data config for resnet18d: 224 px, bicubic, crop_pct 0.875 -> resize floor(224 / 0.875) = 256.
-    assert (pre["crop"], pre["resize"], pre["interpolation"]) == (224, 256, "bicubic")
+    # The run's --img-size 64, with timm's data config for resnet18d: bicubic, crop_pct 0.875 -> floor(64 / 0.875).
+    assert (pre["crop"], pre["resize"], pre["interpolation"]) == (64, 73, "bicubic")
     manifest = assert_exports_like(path, arch, ema, tmp_path / "ema", "--ema")
     assert manifest["source"]["weights"] == "EMA (state_dict_ema)"
 

@@ -263,13 +263,14 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
         log.warning("--amp fp16 on the CPU is emulated and about 50x slower here; use --amp bf16")
     scaler = torch.amp.GradScaler(info.device.type, enabled=args.amp == "fp16")
     criterion = nn.CrossEntropyLoss()
-    try:  # rank 0 takes the run folder's lock here; its refusal reaches every rank
+    try:  # rank 0 takes the run folder's lock here; its refusal reaches every rank, as the same kind of error
         checkpointer, error = Checkpointer(ckpt_cfg, info.is_main, async_save=args.async_save), None
     except CheckpointError as err:
-        checkpointer, error = None, str(err)
+        checkpointer, error = None, (isinstance(err, CheckpointWriteError), str(err))
     error = distributed.broadcast_object(error)
     if error:
-        raise CheckpointError(error)
+        unwritable, message = error  # an unwritable folder exits 1 here as at save time; a refusal exits 2
+        raise (CheckpointWriteError if unwritable else CheckpointError)(message)
     assert checkpointer is not None
     metrics = MetricsLog(ckpt_cfg.folder)
     meta = make_meta(
