@@ -16,7 +16,7 @@ from export.manifest import MANIFEST, ONNX_DATA
 
 log = logging.getLogger(__name__)
 
-OPSET = 18  # pinned: recorded in the manifest, and what ONNX Runtime 1.2x runs on every provider
+OPSET = 18  # pinned and recorded in the manifest; ONNX Runtime 1.31 runs it on every provider
 EXTERNAL_DATA_BYTES = 1 << 30  # above this, weights go to model.onnx.data (protobuf's limit is 2 GiB)
 
 

@@ -87,7 +87,8 @@ info_app = Starlette(routes=[Route("/", _get_page, methods=["GET"]), Route("/inf
 # No BentoML max_concurrency: its slot is taken before the body is read; serve/limits.py takes its own after.
 @bentoml.service(name="handoff", workers=CONFIG.workers, traffic={"timeout": CONFIG.timeout_s})
 class HandoffClassifier:
-    # Referenced at class level so `bentoml build` packs the model; not used when HANDOFF_MODEL_DIR is set.
+    # Declared at class level only so that `bentoml build` packs the model into the Bento; the service finds
+    # its folder through CONFIG.locate_model() (HANDOFF_MODEL_DIR, else this store model).
     bento_model = None if CONFIG.model_dir else bentoml.models.BentoModel(f"{CONFIG.model_name}:latest")
 
     def __init__(self) -> None:

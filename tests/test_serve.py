@@ -217,7 +217,7 @@ def test_info_hides_absolute_paths(server, exported):
     assert info["model"]["folder"] == exported.name and "/" not in info["model"]["source"]["checkpoint"]
 
 
-def test_odd_but_valid_images_are_answered(server):
+def test_odd_but_valid_images_are_answered(server, eager):
     base = digit_images(1)[0][0].resize((48, 40))
     rgba = base.convert("RGBA")
     rgba.putalpha(128)
@@ -243,6 +243,23 @@ def test_odd_but_valid_images_are_answered(server):
     for name, data in variants.items():
         response = classify(server.url, data, name)
         assert response.status_code == 200, f"{name}: {response.text}"
+    # EXIF orientation: the served probabilities are the eager model's on the upright image, not on the raw one.
+    from PIL import ImageOps
+
+    model, transform = eager
+    raw = Image.open(io.BytesIO(variants["exif.jpg"])).convert("RGB")
+    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(variants["exif.jpg"]))).convert("RGB")
+    assert upright.size == raw.size[::-1]
+    with torch.inference_mode():
+        probs = {
+            k: torch.softmax(model(transform(img)[None]), 1)[0].numpy() for k, img in (("up", upright), ("raw", raw))
+        }
+    served = classify(server.url, variants["exif.jpg"], "exif.jpg", top_k=10).json()["predictions"]
+    served_p = np.array([p["probability"] for p in sorted(served, key=lambda p: p["index"])])
+    np.testing.assert_allclose(served_p, probs["up"], atol=1e-4)
+    assert np.abs(probs["up"] - probs["raw"]).max() > 1e-3, (
+        "the orientation must matter for this check to mean anything"
+    )
 
 
 def test_concurrent_burst_mixing_good_and_bad(server, eager):
