@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
-from bench.serve_throughput import make_jpegs, make_model  # noqa: E402
+from bench.serve_throughput import make_model, write_jpegs  # noqa: E402
 
 BATCHES = (1, 8)
 
@@ -62,10 +62,7 @@ def main() -> int:
     p.add_argument("--results-dir", type=Path, default=None)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="formats-bench-"))
-    samples = work / "samples"
-    samples.mkdir()
-    for i, data in enumerate(make_jpegs(64)):
-        (samples / f"{i:03d}.jpg").write_bytes(data)
+    samples = write_jpegs(work / "samples", 64)
     started = time.perf_counter()
     folder = make_model(
         work, "--formats", "onnx,pt2,aoti", "--int8", "--samples", str(samples), "--max-accuracy-drop", "100"

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
-from bench.serve_throughput import CONCURRENCY, load, make_jpegs, make_model, measure_limit  # noqa: E402
+from bench.serve_throughput import CONCURRENCY, load, make_jpegs, make_model, measure_limit, write_jpegs  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
@@ -52,10 +52,7 @@ def main() -> int:
     p.add_argument("--results-dir", type=Path, default=None)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="int8-bench-"))
-    samples = work / "samples"
-    samples.mkdir()
-    for i, data in enumerate(make_jpegs(128)):
-        (samples / f"{i:03d}.jpg").write_bytes(data)
+    samples = write_jpegs(work / "samples", 128)
     folder = make_model(work, "--int8", "--samples", str(samples), "--max-accuracy-drop", "100")
     jpegs = make_jpegs()
     limits = {

@@ -96,6 +96,14 @@ def make_jpegs(count: int = 32) -> list[bytes]:
     return out
 
 
+def write_jpegs(folder: Path, count: int) -> Path:
+    """`count` JPEG views (make_jpegs) as files in `folder`: calibration and check images for --int8."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, data in enumerate(make_jpegs(count)):
+        (folder / f"{i:03d}.jpg").write_bytes(data)
+    return folder
+
+
 def measure_limit(
     folder: Path, jpegs: list[bytes], device: str, seconds: float = 6.0, model_file: str = "model.onnx"
 ) -> dict:

@@ -19,6 +19,8 @@ from export.manifest import read_manifest_unchecked
 from serve.config import SETTINGS
 from serve.preprocess import Preprocessor
 
+pytestmark = pytest.mark.xdist_group("bento")  # its module fixtures stay on one worker
+
 PROBES = {"/readyz", "/livez"}  # BentoML's own probes
 
 

@@ -18,6 +18,8 @@ from conftest import run as run_cmd
 
 from export.manifest import MANIFEST, MANIFEST_FORMAT, read_manifest_unchecked, sha256_file
 
+pytestmark = pytest.mark.xdist_group("export")  # its module fixtures stay on one worker
+
 WRAPPED = {  # fixture -> wrapper prefixes the exporter must report as removed
     "bare.pth": [],
     "ddp.pth": ["module."],

@@ -19,6 +19,8 @@ from test_export import assert_one_line_error, export_cli, onnx_logits, read_man
 
 from train.models import build_model
 
+pytestmark = pytest.mark.xdist_group("field")  # its module fixtures stay on one worker
+
 
 @pytest.fixture(scope="module")
 def field(tmp_path_factory) -> Path:

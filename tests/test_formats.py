@@ -16,6 +16,8 @@ from test_export import export_cli, read_manifest
 
 from serve.preprocess import Preprocessor
 
+pytestmark = pytest.mark.xdist_group("formats")  # its module fixtures stay on one worker
+
 
 def checkpoint_of(folder: Path) -> str:
     return read_manifest(folder)["source"]["checkpoint"]

@@ -23,6 +23,8 @@ from serve.preprocess import Preprocessor
 from train.preprocessing import Preprocessing
 from train.presets import eval_transform
 
+pytestmark = pytest.mark.xdist_group("serve")  # its module fixtures stay on one worker
+
 
 @pytest.fixture(scope="module")
 def server(exported: Path, tmp_path_factory):

@@ -30,14 +30,16 @@ from tqdm import tqdm
 from train import distributed
 from train.checkpoint import (
     EMBEDDED_DIGITS,
-    FORMAT,
     CheckpointConfig,
     Checkpointer,
     CheckpointError,
     CheckpointWriteError,
+    Progress,
+    Trainables,
     capture_rng,
     make_meta,
-    restore_rng,
+    restore_training_state,
+    training_state,
 )
 from train.data import DataConfig, build_datasets, build_loaders
 from train.lifecycle import EXIT_PREEMPTED, StopRequest, exit_when_orphaned
@@ -285,18 +287,13 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
     epoch, position, step, best_acc1 = 0, 0, 0, 0.0
     # Rank 0 alone reads the checkpoint and broadcasts it: other nodes need not share its file system.
     ckpt = checkpointer.load(args.resume)  # the same checkpoint (or error) on every rank
+    live = Trainables(model, optimizer, scheduler, scaler)  # the bare module: DDP wraps it below
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])  # the bare module, before DDP wraps it
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        if "scaler" in ckpt and scaler.is_enabled():
-            scaler.load_state_dict(ckpt["scaler"])
-        step, best_acc1 = ckpt["step"], ckpt["best_acc1"]
-        epoch, position = ckpt["sampler"]["epoch"], ckpt["sampler"]["position"]
+        progress = restore_training_state(ckpt, live, info.rank, info.world_size)
+        step, best_acc1 = progress.step, progress.best_acc1
+        epoch, position = progress.sampler_epoch, progress.sampler_position
         saved_world = len(ckpt["rng"])
-        if saved_world == info.world_size:
-            restore_rng(ckpt["rng"][info.rank])
-        else:
+        if saved_world != info.world_size:
             log.warning(
                 "checkpoint written by %d processes, resuming with %d: per-rank RNG state not restored "
                 "(ranks reseeded from --seed); data order and augmentation still continue exactly, "
@@ -315,22 +312,8 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
         model = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
 
     def state(epoch_done: int, sampler_epoch: int, sampler_position: int) -> dict[str, Any]:
-        rng = distributed.gather_objects(capture_rng())
-        ckpt = {
-            "format": FORMAT,
-            "model": model_without_ddp.state_dict(),  # the Checkpointer moves (or copies) it to the CPU
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "epoch": epoch_done,
-            "step": step,
-            "best_acc1": float(best_acc1),
-            "rng": rng,
-            "sampler": {"epoch": sampler_epoch, "position": sampler_position},
-            "meta": meta,
-        }
-        if scaler.is_enabled():
-            ckpt["scaler"] = scaler.state_dict()
-        return ckpt
+        progress = Progress(epoch_done, step, best_acc1, sampler_epoch, sampler_position)
+        return training_state(live, progress, distributed.gather_objects(capture_rng()), meta)
 
     try:
         global_batch = args.batch_size * info.world_size

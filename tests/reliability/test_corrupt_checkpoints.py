@@ -18,6 +18,8 @@ from conftest import TRAIN, run
 from export.sources import read_source
 from train.checkpoint import CheckpointError, load
 
+pytestmark = pytest.mark.xdist_group("corrupt")  # its module fixtures stay on one worker
+
 SEED = 0
 TRUNCATIONS = 40
 FLIPS = 160

@@ -14,6 +14,8 @@ from conftest import TRAIN, load, run, torchrun_cmd
 
 from export.manifest import sha256_file
 
+pytestmark = pytest.mark.xdist_group("save_faults")  # its module fixtures stay on one worker
+
 FAST = ("--batch-size", "32", "--seed", "1", "--workers", "0", "--keep-last", "1")
 
 

@@ -26,6 +26,8 @@ import psutil
 import pytest
 from conftest import Server, digit_images, eager_top1, png_bytes
 
+pytestmark = pytest.mark.xdist_group("service_load")  # its module fixtures stay on one worker
+
 CONCURRENCY = 32
 MEMORY_GROWTH_LIMIT_MB = 50
 SOAK_TIMEOUT_S = 10

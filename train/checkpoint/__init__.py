@@ -22,10 +22,14 @@ from train.checkpoint.contents import (
     LAST,
     META_KEYS,
     REQUIRED_KEYS,
+    Progress,
+    Trainables,
     capture_rng,
     check_meta,
     make_meta,
     restore_rng,
+    restore_training_state,
+    training_state,
 )
 from train.checkpoint.errors import CheckpointError, CheckpointWriteError, PickleRefused, RunFolderBusy
 from train.checkpoint.lock import lock_run_folder
@@ -57,4 +61,8 @@ __all__ = [
     "restore_rng",
     "state_to_cpu",
     "verify_zip_checksums",
+    "Progress",
+    "Trainables",
+    "restore_training_state",
+    "training_state",
 ]

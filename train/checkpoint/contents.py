@@ -7,10 +7,12 @@ from __future__ import annotations
 import datetime
 import os
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn as nn
 
 from train.checkpoint.errors import CheckpointError
 from train.preprocessing import Preprocessing
@@ -134,3 +136,58 @@ def check_meta(meta: Any, path: str | os.PathLike) -> dict[str, Any]:
     if "data" in meta and not isinstance(meta["data"], str):
         raise bad("data", f"is {meta['data']!r}, not a path")
     return meta
+
+
+@dataclass
+class Trainables:
+    """The live objects a checkpoint captures and restores."""
+
+    model: nn.Module  # the bare module, never the DDP or compiled wrapper
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+
+
+@dataclass
+class Progress:
+    """Where training stands."""
+
+    epoch: int  # epochs completed
+    step: int  # optimizer steps taken
+    best_acc1: float
+    sampler_epoch: int  # the epoch the sampler is in, and how many of its samples (over all ranks) are done
+    sampler_position: int
+
+
+def training_state(live: Trainables, progress: Progress, rng: list[dict[str, Any]], meta: dict[str, Any]) -> dict:
+    """The checkpoint (see DESIGN.md): every field is written here and read back in `restore_training_state`."""
+    ckpt: dict[str, Any] = {
+        "format": FORMAT,
+        "model": live.model.state_dict(),  # the Checkpointer moves (or copies) it to the CPU
+        "optimizer": live.optimizer.state_dict(),
+        "scheduler": live.scheduler.state_dict(),
+        "epoch": progress.epoch,
+        "step": progress.step,
+        "best_acc1": float(progress.best_acc1),
+        "rng": rng,  # one entry per rank
+        "sampler": {"epoch": progress.sampler_epoch, "position": progress.sampler_position},
+        "meta": meta,
+    }
+    if live.scaler.is_enabled():
+        ckpt["scaler"] = live.scaler.state_dict()
+    return ckpt
+
+
+def restore_training_state(ckpt: dict[str, Any], live: Trainables, rank: int, world_size: int) -> Progress:
+    """Load a checkpoint into the live objects, and this rank's RNG state when the world size is unchanged
+    (otherwise the caller reseeds: a rank's RNG state has no meaning in another world)."""
+    live.model.load_state_dict(ckpt["model"])  # the bare module, before DDP wraps it
+    live.optimizer.load_state_dict(ckpt["optimizer"])
+    live.scheduler.load_state_dict(ckpt["scheduler"])
+    if "scaler" in ckpt and live.scaler.is_enabled():
+        live.scaler.load_state_dict(ckpt["scaler"])
+    if len(ckpt["rng"]) == world_size:
+        restore_rng(ckpt["rng"][rank])
+    return Progress(
+        ckpt["epoch"], ckpt["step"], ckpt["best_acc1"], ckpt["sampler"]["epoch"], ckpt["sampler"]["position"]
+    )
