@@ -35,6 +35,7 @@ from serve.auth import ApiKeyGate
 from serve.batching import ModelBatcher
 from serve.config import ServeConfig
 from serve.limits import RequestLimits
+from serve.logs import install_log_filters
 from serve.metrics_labels import bound_metric_labels
 from serve.page import PAGE, PAGE_HEADERS
 from serve.preprocess import BadImage, Preprocessor
@@ -52,22 +53,7 @@ class RequestError(BentoMLException):
         super().__init__(message, error_code=HTTPStatus(status))
 
 
-class ClientErrorsAtInfo(logging.Filter):
-    """BentoML logs every exception of an API call at ERROR with its traceback; a 4xx is the client's doing,
-    so it becomes one INFO line (what was wrong), and the server's log keeps ERROR for real faults."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        status = getattr(getattr(error, "error_code", None), "value", 500)
-        if record.levelno >= logging.ERROR and error is not None and 400 <= status < 500:
-            path, method = record.args if isinstance(record.args, tuple) and len(record.args) == 2 else ("?", "?")
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg, record.args = "%s %s: %d %s", (method, path, status, str(error)[:200])
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-logging.getLogger("bentoml._internal.server.http_app").addFilter(ClientErrorsAtInfo())
+install_log_filters()
 
 
 async def _get_info(request: Request) -> JSONResponse:
