@@ -38,9 +38,10 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# 10,000 mixed requests at concurrency 32 against a served model: failures, memory growth, p99 (~3 min).
+# The long checks left out of `make test`: 10,000 mixed requests at concurrency 32 against a served model
+# (failures, memory growth, p99; ~3 min) and a SIGKILL during a synchronous save.
 soak: install
-	$(BIN)/python -m pytest tests/reliability/test_service_load.py -m soak -s -n 0
+	$(BIN)/python -m pytest tests/reliability/test_service_load.py tests/test_train.py -m soak -s -n 0
 
 # Every benchmark writes bench/results/<name>.json; BENCHMARKS.md is regenerated from them.
 bench: install

@@ -192,7 +192,9 @@ def test_worker_crash_restarts_and_matches_reference(reference: Path, tmp_path: 
     assert_same_tensors(load(out / "last.pt")["model"], load(reference / "last.pt")["model"])
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+# sync saves are killed mid-write 20 times by tests/reliability/test_kill_during_save.py; here the async
+# writer, and the sync case again only in `make soak` (CI's 30 minutes).
+@pytest.mark.parametrize("mode", [pytest.param("sync", marks=pytest.mark.soak), "async"])
 def test_sigkill_during_checkpoint_write_keeps_last_loadable(mode: str, tmp_path: Path):
     out = tmp_path / "run"
     cmd = [torchrun_cmd(1)[0], TRAIN, "--epochs", "3", "--workers", "0", "--out", str(out)]
