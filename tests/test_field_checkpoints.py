@@ -171,24 +171,13 @@ def test_a_planted_dcp_metadata_payload_is_refused(dcp_folders, tmp_path):
 
 
 def _handoff_checkpoint(path: Path, **meta_changes) -> Path:
-    meta = {
-        "data": "embedded:digits",
-        "arch": fx.ARCH,
-        "num_classes": fx.CLASSES,
-        "classes": [f"c{i}" for i in range(fx.CLASSES)],
-        "image_size": 32,
-        "mean": [0.5, 0.5, 0.5],
-        "std": [0.25, 0.25, 0.25],
-        "resize": 32,
-        "interpolation": "bilinear",
-        "channels": 3,
-        "world_size": 1,
-        "torch": "2.14.1",
-        "created": "2026-11-30T00:00:00+00:00",
-    }
-    meta.update(meta_changes)
+    from train.checkpoint import EMBEDDED_DIGITS, FORMAT, make_meta
+    from train.preprocessing import Preprocessing
+
+    classes = [f"c{i}" for i in range(fx.CLASSES)]
+    pre = Preprocessing(crop=32, resize=32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    meta = {**make_meta(fx.ARCH, classes, pre, 1, EMBEDDED_DIGITS), **meta_changes}
     meta = {k: v for k, v in meta.items() if v is not None}
-    from train.checkpoint import FORMAT
 
     torch.save({"format": FORMAT, "model": fx.fresh_model().state_dict(), "meta": meta}, path)
     return path

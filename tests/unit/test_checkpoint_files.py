@@ -8,22 +8,10 @@ from train.checkpoint import CheckpointConfig, Checkpointer, load
 
 
 def state(epoch: int) -> dict:
-    from train.checkpoint import FORMAT
+    from train.checkpoint import EMBEDDED_DIGITS, FORMAT, make_meta
+    from train.preprocessing import Preprocessing
 
-    meta = {
-        "arch": "resnet18",
-        "num_classes": 2,
-        "classes": ["a", "b"],
-        "image_size": 8,
-        "mean": [0, 0, 0],
-        "std": [1, 1, 1],
-        "resize": 8,
-        "interpolation": "bilinear",
-        "channels": 3,
-        "world_size": 1,
-        "torch": "x",
-        "created": "x",
-    }
+    meta = make_meta("resnet18", ["a", "b"], Preprocessing(crop=8, resize=8), 1, EMBEDDED_DIGITS)
     return {
         "format": FORMAT,
         "model": {"w": torch.full((2,), float(epoch))},
