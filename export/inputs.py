@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
 
 
+def image_files(folder: Path) -> list[Path]:
+    """The images under `folder`, in name order."""
+    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+
+
 def load_images(files: list[Path]) -> list[Image.Image]:
     return [Image.open(p).convert("RGB") for p in files]
 
@@ -29,7 +34,7 @@ def eval_transform_of(preprocess: dict[str, Any]) -> Any:
 
 def _real_images(data: str | None, samples: Path | None, limit: int) -> tuple[list[Image.Image], str]:
     if samples is not None:
-        files = sorted(p for p in samples.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
+        files = image_files(samples)[:limit]
         if not files:
             raise ValueError(f"--samples={samples}: no images found (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
         return load_images(files), str(samples)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from onnxruntime.quantization import CalibrationDataReader
 
-from export.inputs import IMAGE_SUFFIXES, eval_transform_of, load_images
+from export.inputs import eval_transform_of, image_files, load_images
 from train.checkpoint import EMBEDDED_DIGITS
 
 log = logging.getLogger(__name__)
@@ -57,15 +57,11 @@ class _Sets:
     evaluation_described: str
 
 
-def _files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-
-
 def _labelled_folder(root: Path) -> tuple[list[Path], np.ndarray]:
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     files, labels = [], []
     for index, name in enumerate(classes):
-        for path in _files(root / name):
+        for path in image_files(root / name):
             files.append(path)
             labels.append(index)
     return files, np.array(labels)
@@ -93,7 +89,7 @@ def _sets(preprocess: dict[str, Any], data: str | None, samples: Path | None) ->
             f"the digits validation set ({len(val)} images)",
         )
     if data and (Path(data) / "train").is_dir() and (Path(data) / "val").is_dir():
-        train_files = _files(Path(data) / "train")
+        train_files = image_files(Path(data) / "train")
         random.Random(0).shuffle(train_files)
         val_files, labels = _labelled_folder(Path(data) / "val")
         calib = load_images(train_files[:CALIBRATION_IMAGES])
@@ -109,7 +105,7 @@ def _sets(preprocess: dict[str, Any], data: str | None, samples: Path | None) ->
             "--int8 needs real images to calibrate on: the checkpoint names no training data, so pass "
             "--samples DIR (a folder of images like those the model will see)"
         )
-    files = _files(samples)
+    files = image_files(samples)
     if len(files) < 4:
         raise ValueError(
             f"--samples={samples}: {len(files)} images; --int8 needs at least 4 (half to calibrate, half to check)"

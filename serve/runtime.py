@@ -34,6 +34,7 @@ class Runtime(Protocol):
     name: str
     provider: str
     device: str
+    artifact: str  # the manifest-listed file it was built from (set by load_runtime)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray: ...
 
@@ -59,6 +60,7 @@ def onnx_providers(device: str, tensorrt_cache: str | None = None) -> list[Any]:
 
 class OnnxRuntime:
     name = "onnx"
+    artifact: str  # set by load_runtime: model.onnx or model.int8.onnx
 
     def __init__(
         self, model: bytes, external_data: bytes | None, device: str, dtype: str, tensorrt_cache: str | None = None
@@ -93,6 +95,7 @@ class OnnxRuntime:
 
 class TorchScriptRuntime:
     name = "torchscript"
+    artifact: str  # set by load_runtime
 
     def __init__(self, model: bytes, device: str, dtype: str) -> None:
         try:
@@ -170,6 +173,7 @@ def load_runtime(
         )
     else:
         runtime = TorchScriptRuntime(model, device, dtype)
+    runtime.artifact = artifact
     log.info("runtime %s on %s (%s)", runtime.name, runtime.device, runtime.provider)
     return runtime
 

@@ -39,7 +39,7 @@ from serve.logs import install_log_filters
 from serve.metrics_labels import bound_metric_labels
 from serve.page import PAGE, PAGE_HEADERS
 from serve.preprocess import BadImage, Preprocessor
-from serve.runtime import RuntimeUnavailable, load_runtime, runtime_artifact, softmax
+from serve.runtime import RuntimeUnavailable, load_runtime, softmax
 
 log = logging.getLogger("bentoml.handoff")  # under "bentoml", so `bentoml serve` shows it
 CONFIG = ServeConfig()
@@ -115,7 +115,6 @@ class HandoffClassifier:
             CONFIG.precision,
             CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None,
         )
-        self.runtime_artifact = runtime_artifact(CONFIG.runtime, CONFIG.precision, self.manifest)
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
         self.classes = self.manifest["classes"]
@@ -203,7 +202,7 @@ class HandoffClassifier:
                 "preprocess": m["preprocess"],
                 "source": self._source(),
                 "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},
-                "sha256": m["artifacts"][self.runtime_artifact]["sha256"],
+                "sha256": m["artifacts"][self.runtime.artifact]["sha256"],
                 "folder": str(self.folder) if CONFIG.show_paths else self.folder.name,
             },
             "runtime": self.runtime.name,
