@@ -287,7 +287,9 @@ def export(args: argparse.Namespace) -> int:
         )
         if status != EXIT_OK and is_export_folder(out) and _passed(out):
             kept, out = out, out.with_name(out.name + ".failed")  # a good export survives a failed attempt
-            log.warning("parity failed: %s keeps the previous, passing export; this attempt is in %s", kept, out)
+            log.warning(
+                "this attempt failed its checks: %s keeps the previous, passing export; the attempt is in %s", kept, out
+            )
             _check_out(out, args.checkpoint)
         _replace_folder(staging, out)
     except BaseException:
