@@ -22,7 +22,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
-from bench.serve_throughput import make_model, write_jpegs  # noqa: E402
+from bench.workload import make_model, write_jpegs  # noqa: E402
+from serve.runtime import onnx_session_options  # noqa: E402
 
 BATCHES = (1, 8)
 
@@ -32,9 +33,7 @@ def runners(folder: Path) -> dict:
     import torch
 
     def onnx(name: str):
-        options = ort.SessionOptions()
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the service
-        session = ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(folder / name), onnx_session_options(), providers=["CPUExecutionProvider"])
         return lambda x: session.run(None, {"input": x})[0]
 
     aoti = torch._inductor.aoti_load_package(str(folder / "model.aoti.pt2"))
@@ -94,13 +93,14 @@ def main() -> int:
     for key, value in ratios.items():
         print(f"  {key:<44} {value:5.2f} x")
     write_result(
-        "cpu_formats",
+        "cpu_formats_cpu",
         folder=args.results_dir,
         figures={
             "device": "cpu",
+            "rounds": args.rounds,
             "images_per_s_median": {n: {str(b): v for b, v in d.items()} for n, d in medians.items()},
             "ratios": ratios,
-            "median_seconds": {f"{n}_batch{b}_per_image": 1 / v for n, d in medians.items() for b, v in d.items()},
+            "seconds": {f"{n}_batch{b}_per_image": 1 / v for n, d in medians.items() for b, v in d.items()},
         },
     )
     return 0

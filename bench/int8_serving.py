@@ -1,20 +1,19 @@
 """INT8 against fp32, served: the same JPEG workload, client and service, only HANDOFF_PRECISION differs.
 
-    python bench/int8_serving.py [--requests 300] [--rounds 3]
+    python bench/int8_serving.py [--seconds 8] [--rounds 3] [--client wrk|httpx]
 
 Model: resnet18 at 224 px, random weights, exported with --int8 (calibrated on 64 JPEG views of
 scikit-learn's sample photos, checked on 64 others). Rounds are interleaved (fp32, int8, fp32, ...), so
 drift of the machine hits both alike, and only one service runs at a time (an idle BentoML service still
 takes CPU, which showed as 4x the fp32 latency at concurrency 1 when both ran); medians of rounds. Beside it:
-each precision's in-process limit, and the accuracy delta on the digits validation set (a resnet18 trained
-3 epochs on the digits, exported with --int8: fp32 vs INT8 top-1 over all 360 images).
+each precision's in-process limit (bench/limit.py) in every round, and the accuracy delta on the digits
+validation set (a resnet18 trained 3 epochs on the digits, exported with --int8: fp32 vs INT8 top-1 over all
+360 images).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,8 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.results import write_result  # noqa: E402
-from bench.serve_throughput import CONCURRENCY, load, make_jpegs, make_model, measure_limit, write_jpegs  # noqa: E402
+from bench.limit import InProcessModel, limit_round  # noqa: E402
+from bench.load import load, warm_up, wrk_available  # noqa: E402
+from bench.results import median_of_rounds, write_result  # noqa: E402
+from bench.serve_throughput import CONCURRENCY  # noqa: E402
+from bench.workload import make_jpegs, make_model, write_jpegs  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
@@ -47,7 +49,8 @@ def digits_accuracy(work: Path) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=300, help="requests per concurrency level and round")
+    p.add_argument("--seconds", type=float, default=8.0, help="load per concurrency level, precision and round")
+    p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--results-dir", type=Path, default=None)
     args = p.parse_args()
@@ -55,27 +58,26 @@ def main() -> int:
     samples = write_jpegs(work / "samples", 128)
     folder = make_model(work, "--int8", "--samples", str(samples), "--max-accuracy-drop", "100")
     jpegs = make_jpegs()
-    limits = {
-        precision: measure_limit(folder, jpegs, "cpu", model_file=name)
-        for precision, name in (("fp32", "model.onnx"), ("int8", "model.int8.onnx"))
+    models = {
+        p: InProcessModel(folder, "cpu", name) for p, name in (("fp32", "model.onnx"), ("int8", "model.int8.onnx"))
     }
-    runs: dict[str, dict[int, list[dict]]] = {
-        "fp32": {c: [] for c in CONCURRENCY},
-        "int8": {c: [] for c in CONCURRENCY},
-    }
+    rounds: list[dict] = []
     for round_ in range(args.rounds):
+        figures: dict = {}
         for precision in ("fp32", "int8"):
+            figures[f"{precision}_limit"] = limit_round(models[precision], jpegs)
             with BentoServer(
                 work / f"{precision}{round_}.log", HANDOFF_MODEL_DIR=str(folder), HANDOFF_PRECISION=precision
             ) as server:
                 server.wait_ready()
-                for c in CONCURRENCY:
-                    n = args.requests if c > 1 else max(50, args.requests // 4)
-                    runs[precision][c].append(asyncio.run(load(server.url, jpegs, c, n)))
-    served = {
-        precision: {c: {k: statistics.median(r[k] for r in rounds) for k in rounds[0]} for c, rounds in by_c.items()}
-        for precision, by_c in runs.items()
-    }
+                warm_up(server.url, jpegs)
+                figures[precision] = {
+                    c: load(args.client, server.url, server.proc.pid, jpegs, c, args.seconds) for c in CONCURRENCY
+                }
+        rounds.append(figures)
+    median = median_of_rounds(rounds)
+    served = {precision: median[precision] for precision in ("fp32", "int8")}
+    limits = {precision: median[f"{precision}_limit"] for precision in ("fp32", "int8")}
     accuracy = digits_accuracy(work)
     ratios = {
         f"int8_over_fp32_served_c{c}": served["int8"][c]["images_per_s"] / served["fp32"][c]["images_per_s"]
@@ -106,11 +108,13 @@ def main() -> int:
         folder=args.results_dir,
         figures={
             "device": "cpu",
+            "rounds": args.rounds,
+            "client": args.client,
             "limits": limits,
             "served": {p: {str(c): r for c, r in s.items()} for p, s in served.items()},
             "ratios": ratios,
             "digits_accuracy": accuracy,
-            "median_seconds": {f"{p}_p50_c{c}": served[p][c]["p50_ms"] / 1000 for p in served for c in CONCURRENCY},
+            "seconds": {f"{p}_p50_c{c}": served[p][c]["p50_ms"] / 1000 for p in served for c in CONCURRENCY},
             "goal": "served INT8 >= 2 x served fp32 at concurrency 64, at most 1 point of top-1 lost on the digits",
             "goal_met": goal,
         },

@@ -58,6 +58,18 @@ def onnx_providers(device: str, tensorrt_cache: str | None = None) -> list[Any]:
     return wanted
 
 
+def onnx_session_options() -> Any:
+    """The service's ONNX Runtime session settings; the benchmarks' in-process limit and batched peer use them
+    too, so a comparison differs in the serving stack only."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    # ONNX Runtime's idle intra-op threads spin by default, taking the cores the image decoders need
+    # between batches; measured with bench/serve_throughput.py (see BENCHMARKS.md).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 class OnnxRuntime:
     name = "onnx"
     artifact: str  # set by load_runtime: model.onnx or model.int8.onnx
@@ -67,11 +79,8 @@ class OnnxRuntime:
     ) -> None:
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
+        options = onnx_session_options()
         options.log_severity_level = 3  # the CPU fallback is detected below, not left to a log line
-        # ONNX Runtime's idle intra-op threads spin by default, taking the cores the image decoders need
-        # between batches; measured with bench/serve_throughput.py (see BENCHMARKS.md).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if external_data is not None:  # weights beside the graph, handed over from memory like the graph
             options.add_external_initializers_from_files_in_memory([ONNX_DATA], [external_data], [len(external_data)])
         try:

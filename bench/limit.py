@@ -1,0 +1,95 @@
+"""The in-process limit a served model is measured against: no HTTP, no server, the best arrangement found.
+
+The same JPEGs, decoded and preprocessed by the service's own Preprocessor, run through ONNX Runtime with the
+service's session settings (serve/runtime.py), on the whole machine. Two arrangements at each batch size:
+- serial: decode a batch, then run it;
+- overlapped: a thread pool (one thread per core) decodes batch k+1 while the model runs batch k.
+One call is one round: every arrangement and batch size is timed over the same images, and the round's limit
+is the best of them; callers take the median over rounds, interleaved with the services they compare.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.checks import assert_provider
+from export.manifest import read_manifest_unchecked
+from serve.preprocess import Preprocessor
+from serve.runtime import onnx_providers, onnx_session_options
+
+BATCH_SIZES = (1, 4, 8, 16, 32)
+
+
+class InProcessModel:
+    """One export folder's model and preprocessing, loaded the way the service loads them."""
+
+    def __init__(self, folder: Path, device: str, model_file: str = "model.onnx") -> None:
+        import onnxruntime as ort
+
+        manifest = read_manifest_unchecked(folder)
+        self.pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
+        self.session = ort.InferenceSession(
+            str(folder / model_file), onnx_session_options(), providers=onnx_providers(device)
+        )
+        assert_provider("limit", self.session.get_providers(), device)
+        self.pool = ThreadPoolExecutor(os.cpu_count() or 1)
+
+    def prepare(self, jpeg: bytes) -> np.ndarray:
+        return self.pre(self.pre.decode(jpeg))
+
+    def run(self, batch: np.ndarray) -> None:
+        self.session.run(None, {"input": batch})
+
+    def serial(self, batches: list[list[bytes]]) -> None:
+        for batch in batches:
+            self.run(np.stack([self.prepare(jpeg) for jpeg in batch]))
+
+    def overlapped(self, batches: list[list[bytes]]) -> None:
+        pending = [self.pool.submit(self.prepare, jpeg) for jpeg in batches[0]]
+        for k in range(len(batches)):
+            ready = np.stack([future.result() for future in pending])
+            if k + 1 < len(batches):  # the next batch decodes while this one runs
+                pending = [self.pool.submit(self.prepare, jpeg) for jpeg in batches[k + 1]]
+            self.run(ready)
+
+
+def _timed(work: Callable[[list[list[bytes]]], None], batches: list[list[bytes]]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this whole process: every thread, ONNX Runtime's included)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    work(batches)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def limit_round(model: InProcessModel, jpegs: list[bytes], images: int = 96) -> dict[str, Any]:
+    """One round: images/s and CPU ms per image for every arrangement and batch size, the best of them, and the
+    single-image time (decode + preprocess + batch of 1, median of 30 calls)."""
+    by_arrangement: dict[str, dict[int, dict[str, float]]] = {"serial": {}, "overlapped": {}}
+    for size in BATCH_SIZES:
+        batches = [[jpegs[(i * size + j) % len(jpegs)] for j in range(size)] for i in range(max(1, images // size))]
+        for name, arrangement in (("serial", model.serial), ("overlapped", model.overlapped)):
+            arrangement(batches[:1])  # warm this batch size
+            wall, cpu = _timed(arrangement, batches)
+            count = len(batches) * size
+            by_arrangement[name][size] = {"images_per_s": count / wall, "cpu_ms_per_image": 1000 * cpu / count}
+    best_name, best_size = max(
+        ((name, size) for name, rows in by_arrangement.items() for size in rows),
+        key=lambda key: by_arrangement[key[0]][key[1]]["images_per_s"],
+    )
+    single = [_timed(model.serial, [[jpegs[i % len(jpegs)]]])[0] for i in range(30)]
+    return {
+        "images_per_s": by_arrangement[best_name][best_size]["images_per_s"],
+        "cpu_ms_per_image": by_arrangement[best_name][best_size]["cpu_ms_per_image"],
+        "best": f"{best_name}, batch {best_size}",
+        "single_image_ms": 1000 * statistics.median(single),
+        "by_arrangement": {
+            name: {str(size): row for size, row in rows.items()} for name, rows in by_arrangement.items()
+        },
+    }

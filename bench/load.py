@@ -1,0 +1,172 @@
+"""Load for the serving benchmarks: JPEG uploads to `/classify` at a fixed concurrency, and the CPU it cost.
+
+Two clients, both closed loops (each of `concurrency` connections sends its next request when the last one
+is answered):
+- wrk (Debian's `wrk` package, C): the default where it is installed; it costs the shared cores far less
+  than a Python client, so the served figures are less about the client;
+- httpx (one asyncio process): the fallback, and what a Python user would reach for.
+Either way the result carries the client's own CPU time per image and its share of the machine, and the
+server's CPU time per image (its whole process tree: the arbiter and every worker), so the overhead per
+request can be read independently of who else shares the cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+
+BOUNDARY = "handoff-bench-boundary"
+CPUS = os.cpu_count() or 1
+
+# wrk's Lua side: one prebuilt multipart body per JPEG, sent in turn; done() prints the figures as JSON.
+WRK_SCRIPT = """
+local bodies, next_body = {}, 0
+local folder, count = "%(folder)s", %(count)d
+for i = 0, count - 1 do
+  local f = assert(io.open(string.format("%%s/%%03d.body", folder, i), "rb"))
+  bodies[i] = f:read("*all")
+  f:close()
+end
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "multipart/form-data; boundary=%(boundary)s"
+request = function()
+  next_body = (next_body + 1) %% count
+  return wrk.format(nil, nil, nil, bodies[next_body])
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '\\nRESULT {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, "errors": %%d, "refused": %%d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.status + e.timeout, e.status))
+end
+"""
+
+
+def multipart_body(jpeg: bytes) -> bytes:
+    """The body a browser or `curl -F image=@photo.jpg` sends for one JPEG."""
+    head = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="image"; filename="photo.jpg"\r\n'
+        "Content-Type: image/jpeg\r\n\r\n"
+    ).encode()
+    return head + jpeg + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+def wrk_available() -> bool:
+    return shutil.which("wrk") is not None
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and all its living descendants."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _with_cpu(result: dict[str, Any], images: int, wall: float, client_cpu: float, server_cpu: float) -> dict:
+    result["client_cpu_ms_per_image"] = 1000 * client_cpu / max(images, 1)
+    result["client_cpu_share"] = client_cpu / (wall * CPUS)  # of the whole machine (all cores)
+    result["server_cpu_ms_per_image"] = 1000 * server_cpu / max(images, 1)
+    return result
+
+
+def load_wrk(url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="wrk-") as folder:
+        for i, jpeg in enumerate(jpegs):
+            Path(folder, f"{i:03d}.body").write_bytes(multipart_body(jpeg))
+        script = Path(folder, "upload.lua")
+        script.write_text(WRK_SCRIPT % {"folder": folder, "count": len(jpegs), "boundary": BOUNDARY})
+        cmd = ["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds:g}s", "--timeout", "120s", "-s", str(script)]
+        server_before = tree_cpu_seconds(server_pid)
+        started = time.perf_counter()
+        process = subprocess.Popen([*cmd, f"{url}/classify"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert process.stdout is not None
+        output = process.stdout.read().decode()
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - started
+        server_cpu = tree_cpu_seconds(server_pid) - server_before
+    line = next((x for x in output.splitlines() if x.startswith("RESULT ")), None)
+    if status != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({status}):\n{output}")
+    figures = json.loads(line[len("RESULT ") :])
+    result = {
+        # only answered images count: a 503 for overload is not throughput
+        "images_per_s": (figures["requests"] - figures["refused"]) / (figures["duration_us"] / 1e6),
+        "p50_ms": figures["p50_us"] / 1000,
+        "p99_ms": figures["p99_us"] / 1000,
+        "errors": figures["errors"],
+    }
+    return _with_cpu(result, figures["requests"], wall, usage.ru_utime + usage.ru_stime, server_cpu)
+
+
+async def _load_httpx(url: str, jpegs: list[bytes], concurrency: int, seconds: float) -> tuple[dict, int]:
+    latencies: list[float] = []
+    errors = answered = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker(client: httpx.AsyncClient, offset: int) -> None:
+        nonlocal errors, answered
+        i = offset
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            files = {"image": ("photo.jpg", jpegs[i % len(jpegs)], "image/jpeg")}
+            response = await client.post(f"{url}/classify", files=files)
+            latencies.append(time.perf_counter() - t0)
+            errors += response.status_code != 200
+            answered += response.status_code == 200
+            i += concurrency
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client, k) for k in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    result = {
+        "images_per_s": answered / elapsed,  # only answered images count: a 503 for overload is not throughput
+        "p50_ms": 1000 * float(np.percentile(latencies, 50)),
+        "p99_ms": 1000 * float(np.percentile(latencies, 99)),
+        "errors": errors,
+    }
+    return result, len(latencies)
+
+
+def load_httpx(url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float) -> dict[str, Any]:
+    server_before, client_before = tree_cpu_seconds(server_pid), time.process_time()
+    started = time.perf_counter()
+    result, images = asyncio.run(_load_httpx(url, jpegs, concurrency, seconds))
+    wall = time.perf_counter() - started
+    client_cpu, server_cpu = time.process_time() - client_before, tree_cpu_seconds(server_pid) - server_before
+    return _with_cpu(result, images, wall, client_cpu, server_cpu)
+
+
+CLIENTS = {"wrk": load_wrk, "httpx": load_httpx}
+
+
+def warm_up(url: str, jpegs: list[bytes], count: int = 8) -> None:
+    """A few requests first, so no side pays its first-call costs inside the measured window."""
+    with httpx.Client(timeout=120) as client:
+        for jpeg in jpegs[:count]:
+            response = client.post(f"{url}/classify", files={"image": ("photo.jpg", jpeg, "image/jpeg")})
+            response.raise_for_status()
+
+
+def load(client: str, url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float) -> dict:
+    """Images/s, p50/p99 latency, errors, and client and server CPU, for `seconds` of load at `concurrency`."""
+    return CLIENTS[client](url, server_pid, jpegs, concurrency, seconds)

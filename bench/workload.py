@@ -1,0 +1,65 @@
+"""What the serving benchmarks serve and send: a resnet18 export and JPEG views of real photos."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_model(folder: Path, *export_flags: str) -> Path:
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    ckpt = folder / "resnet18.pth"
+    torch.save({"arch": "resnet18", "state_dict": torchvision.models.resnet18().state_dict()}, ckpt)
+    out = folder / "resnet18.export"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            str(ckpt),
+            "--formats",
+            "onnx",
+            "--out",
+            str(out),
+            "--no-bento",
+            *export_flags,
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def make_jpegs(count: int = 32) -> list[bytes]:
+    """Real photos (scikit-learn's samples), cut into varied 400x300 views, as JPEG bytes."""
+    from sklearn.datasets import load_sample_images
+
+    rng = np.random.default_rng(0)
+    photos = [Image.fromarray(img) for img in load_sample_images().images]
+    out = []
+    for i in range(count):
+        photo = photos[i % len(photos)]
+        left, top = int(rng.integers(0, photo.width - 400)), int(rng.integers(0, photo.height - 300))
+        buffer = io.BytesIO()
+        photo.crop((left, top, left + 400, top + 300)).save(buffer, format="JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out
+
+
+def write_jpegs(folder: Path, count: int) -> Path:
+    """`count` JPEG views (make_jpegs) as files in `folder`: calibration and check images for --int8."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, data in enumerate(make_jpegs(count)):
+        (folder / f"{i:03d}.jpg").write_bytes(data)
+    return folder
