@@ -1,4 +1,9 @@
-"""Per-epoch metrics: RUN/metrics.csv, and RUN/curves.png drawn from it (rank 0 only)."""
+"""Per-epoch metrics: RUN/metrics.csv, and RUN/curves.png drawn from it (rank 0 only).
+
+The CSV row is written before the next epoch starts; the picture is drawn in a background thread at the lowest
+CPU priority (train/background.py; matplotlib's import and rendering take about a second of CPU), so training
+neither waits for it nor shares its cores with it. `close()` waits for the last one.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO
 
+from train.background import background_executor
 from train.files import publish
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,7 @@ class MetricsLog:
     def __init__(self, folder: Path) -> None:
         self.csv_path = folder / "metrics.csv"
         self.png_path = folder / "curves.png"
+        self._drawer = background_executor("curves")
 
     def read(self) -> list[EpochMetrics]:
         if not self.csv_path.is_file():
@@ -55,12 +62,25 @@ class MetricsLog:
             self._write(kept)
 
     def append(self, row: EpochMetrics) -> None:
-        """Add a row and redraw the curves; a full disk only warns, since the checkpoint is what matters."""
+        """Add a row and redraw the curves in the background; a full disk only warns, since the checkpoint is
+        what matters."""
         try:
-            self._write(self.read() + [row])
-            self.plot()
+            rows = self.read() + [row]
+            self._write(rows)
         except OSError as err:
-            log.warning("could not write %s or %s: %s", self.csv_path.name, self.png_path.name, err)
+            log.warning("could not write %s: %s", self.csv_path.name, err)
+            return
+        self._drawer.submit(self._plot_quietly, rows)
+
+    def _plot_quietly(self, rows: list[EpochMetrics]) -> None:
+        try:
+            self.plot(rows)
+        except OSError as err:
+            log.warning("could not write %s: %s", self.png_path.name, err)
+
+    def close(self) -> None:
+        """Wait for the last drawing of the curves."""
+        self._drawer.shutdown(wait=True)
 
     def _write(self, rows: list[EpochMetrics]) -> None:
         text = io.StringIO(newline="")
@@ -69,15 +89,15 @@ class MetricsLog:
         writer.writerows(asdict(r) for r in rows)
         publish(self.csv_path, lambda f: _write_all(f, text.getvalue().encode()))
 
-    def plot(self) -> None:
-        import matplotlib
+    def plot(self, rows: list[EpochMetrics]) -> None:
+        # matplotlib's object API, not pyplot: no global state, so it may draw in a thread
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        rows = self.read()
         epochs = [r.epoch for r in rows]
-        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+        fig = Figure(figsize=(10, 4))
+        FigureCanvasAgg(fig)
+        ax_loss, ax_acc = fig.subplots(1, 2)
         ax_loss.plot(epochs, [r.train_loss for r in rows], "o-", label="train")
         ax_loss.plot(epochs, [r.val_loss for r in rows], "o-", label="val")
         ax_loss.set(title="loss", xlabel="epoch", ylabel="cross-entropy (log scale)", yscale="log")
@@ -90,5 +110,4 @@ class MetricsLog:
         fig.tight_layout()
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=100)
-        plt.close(fig)
         publish(self.png_path, lambda f: _write_all(f, png.getvalue()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -12,6 +12,7 @@ from typing import IO, Any
 import torch
 
 from train import distributed
+from train.background import background_executor
 from train.checkpoint.contents import BEST, EPOCH_PATTERN, LAST
 from train.checkpoint.errors import CheckpointError, CheckpointWriteError
 from train.checkpoint.lock import lock_run_folder
@@ -48,7 +49,7 @@ class Checkpointer:
     def __init__(self, cfg: CheckpointConfig, is_main: bool, async_save: bool = False) -> None:
         self.cfg = cfg
         self.is_main = is_main
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint") if async_save and is_main else None
+        self._writer = background_executor("checkpoint") if async_save and is_main else None
         self._in_flight: Future | None = None
         self._snapshots = SnapshotBuffers()
         self._lock: IO[str] | None = None
