@@ -1,5 +1,8 @@
 """Load for the serving benchmarks: JPEG uploads to `/classify` at a fixed concurrency, and the CPU it cost.
 
+Uploads are multipart forms (field `image`, as a browser or `curl -F` sends them), or with raw=True the JPEG
+itself as the body (`Content-Type: image/jpeg`), which our service also takes.
+
 Two clients, both closed loops (each of `concurrency` connections sends its next request when the last one
 is answered):
 - wrk (Debian's `wrk` package, C): the default where it is installed; it costs the shared cores far less
@@ -39,7 +42,7 @@ for i = 0, count - 1 do
   f:close()
 end
 wrk.method = "POST"
-wrk.headers["Content-Type"] = "multipart/form-data; boundary=%(boundary)s"
+wrk.headers["Content-Type"] = "%(content_type)s"
 request = function()
   next_body = (next_body + 1) %% count
   return wrk.format(nil, nil, nil, bodies[next_body])
@@ -87,12 +90,18 @@ def _with_cpu(result: dict[str, Any], images: int, wall: float, client_cpu: floa
     return result
 
 
-def load_wrk(url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float) -> dict[str, Any]:
+MULTIPART_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
+
+
+def load_wrk(
+    url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float, raw: bool
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wrk-") as folder:
         for i, jpeg in enumerate(jpegs):
-            Path(folder, f"{i:03d}.body").write_bytes(multipart_body(jpeg))
+            Path(folder, f"{i:03d}.body").write_bytes(jpeg if raw else multipart_body(jpeg))
         script = Path(folder, "upload.lua")
-        script.write_text(WRK_SCRIPT % {"folder": folder, "count": len(jpegs), "boundary": BOUNDARY})
+        content_type = "image/jpeg" if raw else MULTIPART_TYPE
+        script.write_text(WRK_SCRIPT % {"folder": folder, "count": len(jpegs), "content_type": content_type})
         cmd = ["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds:g}s", "--timeout", "120s", "-s", str(script)]
         server_before = tree_cpu_seconds(server_pid)
         started = time.perf_counter()
@@ -116,7 +125,7 @@ def load_wrk(url: str, server_pid: int, jpegs: list[bytes], concurrency: int, se
     return _with_cpu(result, figures["requests"], wall, usage.ru_utime + usage.ru_stime, server_cpu)
 
 
-async def _load_httpx(url: str, jpegs: list[bytes], concurrency: int, seconds: float) -> tuple[dict, int]:
+async def _load_httpx(url: str, jpegs: list[bytes], concurrency: int, seconds: float, raw: bool) -> tuple[dict, int]:
     latencies: list[float] = []
     errors = answered = 0
     deadline = time.perf_counter() + seconds
@@ -126,8 +135,11 @@ async def _load_httpx(url: str, jpegs: list[bytes], concurrency: int, seconds: f
         i = offset
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
-            files = {"image": ("photo.jpg", jpegs[i % len(jpegs)], "image/jpeg")}
-            response = await client.post(f"{url}/classify", files=files)
+            jpeg = jpegs[i % len(jpegs)]
+            if raw:
+                response = await client.post(f"{url}/classify", content=jpeg, headers={"content-type": "image/jpeg"})
+            else:
+                response = await client.post(f"{url}/classify", files={"image": ("photo.jpg", jpeg, "image/jpeg")})
             latencies.append(time.perf_counter() - t0)
             errors += response.status_code != 200
             answered += response.status_code == 200
@@ -147,10 +159,12 @@ async def _load_httpx(url: str, jpegs: list[bytes], concurrency: int, seconds: f
     return result, len(latencies)
 
 
-def load_httpx(url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float) -> dict[str, Any]:
+def load_httpx(
+    url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float, raw: bool
+) -> dict[str, Any]:
     server_before, client_before = tree_cpu_seconds(server_pid), time.process_time()
     started = time.perf_counter()
-    result, images = asyncio.run(_load_httpx(url, jpegs, concurrency, seconds))
+    result, images = asyncio.run(_load_httpx(url, jpegs, concurrency, seconds, raw))
     wall = time.perf_counter() - started
     client_cpu, server_cpu = time.process_time() - client_before, tree_cpu_seconds(server_pid) - server_before
     return _with_cpu(result, images, wall, client_cpu, server_cpu)
@@ -167,6 +181,8 @@ def warm_up(url: str, jpegs: list[bytes], count: int = 8) -> None:
             response.raise_for_status()
 
 
-def load(client: str, url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float) -> dict:
+def load(
+    client: str, url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float, raw: bool = False
+) -> dict:
     """Images/s, p50/p99 latency, errors, and client and server CPU, for `seconds` of load at `concurrency`."""
-    return CLIENTS[client](url, server_pid, jpegs, concurrency, seconds)
+    return CLIENTS[client](url, server_pid, jpegs, concurrency, seconds, raw)

@@ -9,7 +9,8 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
 - peer_minimal: bench/peer/minimal.py, a synchronous endpoint, one model call per request;
 - peer_batched: bench/peer/batched.py, what BentoML's adaptive-batching guide leads to (`batchable=True`,
   async), with our preprocessing and session settings;
-- ours: `bentoml serve` with serve/service.py.
+- ours: `bentoml serve` with serve/service.py, the same multipart uploads;
+- ours_raw_body: the same service sent each JPEG as the body itself (`Content-Type: image/jpeg`).
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
 round); figures are medians over rounds. Load: JPEG uploads at concurrency 1, 16 and 64 for --seconds each,
 by bench/load.py (wrk when installed, else httpx), with the client's and the server's CPU per image.
@@ -35,14 +36,15 @@ from bench.workload import make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
-SERVICES = ("peer_minimal", "peer_batched", "ours")
+SERVICES = ("peer_minimal", "peer_batched", "ours", "ours_raw_body")
+OURS = ("ours", "ours_raw_body")
 
 
 PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:BatchedPeer"}
 
 
 def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
-    if name == "ours":
+    if name in OURS:
         return BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device)
     return BentoServer(
         log, target=PEERS[name], cwd=ROOT / "bench" / "peer", PEER_MODEL_DIR=str(folder), PEER_DEVICE=device
@@ -50,7 +52,7 @@ def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
 
 
 def served_provider(name: str, server: BentoServer) -> str:
-    if name == "ours":
+    if name in OURS:
         return httpx.get(f"{server.url}/info", timeout=10).json()["provider"]
     return httpx.post(f"{server.url}/provider", json={}, timeout=10).json()["provider"]
 
@@ -61,7 +63,9 @@ def measure_service(name: str, folder: Path, device: str, log: Path, jpegs: list
         assert_provider(name, [served_provider(name, server)], device)
         warm_up(server.url, jpegs)
         for c in CONCURRENCY:
-            result[str(c)] = load(args.client, server.url, server.proc.pid, jpegs, c, args.seconds)
+            result[str(c)] = load(
+                args.client, server.url, server.proc.pid, jpegs, c, args.seconds, raw=name == "ours_raw_body"
+            )
         return result
 
 
@@ -108,9 +112,9 @@ def main() -> int:
                 f"the machine)  errors {r['errors']:.0f}"
             )
             ratios[f"{name}_over_limit_c{c}"] = r["images_per_s"] / limit["images_per_s"]
-        for peer in PEERS:
-            if "ours" in args.sides and peer in args.sides:
-                ratios[f"ours_over_{peer}_c{c}"] = median["ours"][c]["images_per_s"] / median[peer][c]["images_per_s"]
+        for ours in (n for n in OURS if n in args.sides):
+            for peer in (p for p in PEERS if p in args.sides):
+                ratios[f"{ours}_over_{peer}_c{c}"] = median[ours][c]["images_per_s"] / median[peer][c]["images_per_s"]
     for name in args.sides:  # the serving stack's CPU per image against the model's alone (the client aside)
         ratios[f"{name}_server_cpu_over_limit_cpu_c64"] = (
             median[name]["64"]["server_cpu_ms_per_image"] / limit["cpu_ms_per_image"]
@@ -118,17 +122,20 @@ def main() -> int:
     for key, value in ratios.items():
         print(f"  {key:<40} {value:5.2f} x")
     figures: dict[str, str] = {"client": args.client}
-    goal: bool | None = None
-    if "ours" in args.sides:
-        ours = median["ours"]
-        added_ms = ours["1"]["p50_ms"] - limit["single_image_ms"]
-        print(f"  ours p50 at c=1 minus the in-process single image: {added_ms:+.1f} ms")
-        figures["ours p50 at c=1 minus in-process single image"] = f"{added_ms:+.1f} ms"
-        figures["client CPU share of the machine, ours at c=64"] = f"{100 * ours['64']['client_cpu_share']:.1f}%"
-        if args.device == "cpu":
-            goal = ratios["ours_over_limit_c64"] >= 0.9 and added_ms <= 3
-        elif "peer_minimal" in args.sides:
-            goal = ratios["ours_over_peer_minimal_c64"] >= 2
+    met_by = []  # the upload forms of ours that meet the goal
+    for ours in (n for n in OURS if n in args.sides):
+        added_ms = median[ours]["1"]["p50_ms"] - limit["single_image_ms"]
+        print(f"  {ours} p50 at c=1 minus the in-process single image: {added_ms:+.1f} ms")
+        figures[f"{ours} p50 at c=1 minus in-process single image"] = f"{added_ms:+.1f} ms"
+        figures[f"client CPU share of the machine, {ours} at c=64"] = (
+            f"{100 * median[ours]['64']['client_cpu_share']:.1f}%"
+        )
+        if args.device == "cpu" and ratios[f"{ours}_over_limit_c64"] >= 0.9 and added_ms <= 3:
+            met_by.append(ours)
+        if args.device == "cuda" and ratios.get(f"{ours}_over_peer_minimal_c64", 0) >= 2:
+            met_by.append(ours)
+    goal = bool(met_by) if any(n in args.sides for n in OURS) else None
+    figures["goal met by"] = ", ".join(met_by) or "none"
     print(f"goal: {GOAL}: {'n/a' if goal is None else 'met' if goal else 'NOT met'}")
     seconds = {
         "limit_single_image": limit["single_image_ms"] / 1000,

@@ -1,6 +1,7 @@
 """An ASGI middleware that checks POST requests before BentoML reads them: 413 for a body over the limit
 (declared or counted), 415 for a wrong content type, 400 for wrong multipart fields (BentoML itself
-answers a malformed form with 500), 408 for a body that does not arrive in time.
+answers a malformed form with 500), 408 for a body that does not arrive in time. A route may also take a
+raw body (an image as it is, no form): that body goes to the route's own handler, not through BentoML.
 
 It also owns the limit on requests in progress (429 past it), and takes a slot only once the whole body is
 in: a client that opens many uploads and stalls them (one byte, then nothing) holds reading slots for at
@@ -17,10 +18,11 @@ import anyio
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+RawBodyHandler = Callable[[Scope, bytes, Send], Awaitable[None]]
 
 
-async def _json_error(send: Send, status: int, message: str) -> None:
-    body = json.dumps({"error": message}).encode()
+async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload).encode()
     await send(
         {
             "type": "http.response.start",
@@ -29,6 +31,10 @@ async def _json_error(send: Send, status: int, message: str) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _json_error(send: Send, status: int, message: str) -> None:
+    await send_json(send, status, {"error": message})
 
 
 def _replay(body: bytes) -> Receive:
@@ -45,15 +51,15 @@ def _replay(body: bytes) -> Receive:
     return receive
 
 
-_MAX_DIGITS = 6
+MAX_DIGITS = 6
 READING_PER_SLOT = 4
 
 
-def _small_integer(value: object) -> bool:
+def small_integer(value: object) -> bool:
     """A short decimal integer: Python refuses to parse integers of thousands of digits, with a ValueError
     that BentoML would answer with 500."""
     text = value.strip() if isinstance(value, str) else ""
-    return text.lstrip("+-").isdigit() and len(text) <= _MAX_DIGITS
+    return text.lstrip("+-").isdigit() and len(text) <= MAX_DIGITS
 
 
 async def _form_problem(scope: Scope, body: bytes, fields: dict[str, str]) -> str | None:
@@ -75,8 +81,8 @@ async def _form_problem(scope: Scope, body: bytes, fields: dict[str, str]) -> st
             value = values[0] if values else None
             if kind == "file" and not hasattr(value, "filename"):
                 return f"missing file field '{name}'" if value is None else f"field '{name}' must be a file upload"
-            if kind == "integer" and value is not None and not _small_integer(value):
-                return f"field '{name}' must be a whole number of at most {_MAX_DIGITS} digits"
+            if kind == "integer" and value is not None and not small_integer(value):
+                return f"field '{name}' must be a whole number of at most {MAX_DIGITS} digits"
         return None
     finally:
         await form.close()
@@ -91,6 +97,7 @@ class RequestLimits:
         form_fields: dict[str, dict[str, str]],
         max_concurrency: int,
         body_timeout_s: float,
+        raw_bodies: dict[str, tuple[frozenset[str], RawBodyHandler]] | None = None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -101,6 +108,7 @@ class RequestLimits:
         self.reading = anyio.Semaphore(READING_PER_SLOT * max_concurrency)
         self.content_types = content_types  # route -> the one media type it accepts
         self.form_fields = form_fields  # route -> {field: "file" | "integer" | "text"} of its multipart form
+        self.raw_bodies = raw_bodies or {}  # route -> (the raw media types it also takes, their handler)
 
     async def _refuse(self, send: Send) -> None:
         await _json_error(send, 413, f"request body is larger than the limit of {self.max_bytes} bytes")
@@ -114,9 +122,11 @@ class RequestLimits:
             return await self._refuse(send)
         expected = self.content_types.get(scope["path"])
         sent = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
-        if expected and sent != expected:
+        raw_types, raw_handler = self.raw_bodies.get(scope["path"], (frozenset(), None))
+        if expected and sent != expected and sent not in raw_types:
+            accepted = " or ".join([expected, *sorted(raw_types)])
             return await _json_error(
-                send, 415, f"{scope['path']} takes {expected}, not {sent or 'a body without a type'}"
+                send, 415, f"{scope['path']} takes {accepted}, not {sent or 'a body without a type'}"
             )
         if self.reading.value == 0:
             return await _json_error(send, 429, "too many uploads in progress; retry shortly")
@@ -129,14 +139,18 @@ class RequestLimits:
             return  # the client left
         if len(body) > self.max_bytes:
             return await self._refuse(send)
-        fields = self.form_fields.get(scope["path"])
+        raw = raw_handler is not None and sent in raw_types
+        fields = None if raw else self.form_fields.get(scope["path"])
         problem = await _form_problem(scope, body, fields) if fields else None
         if problem:
             return await _json_error(send, 400, problem)
         if self.processing.value == 0:
             return await _json_error(send, 429, "too many requests in progress; retry with backoff")
         async with self.processing:
-            await self.app(scope, _replay(body), send)
+            if raw and raw_handler is not None:
+                await raw_handler(scope, body, send)
+            else:
+                await self.app(scope, _replay(body), send)
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         """The whole body (chunked bodies declare no length, so it is counted); None if the client left.
