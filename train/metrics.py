@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import threading
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO
@@ -44,6 +45,8 @@ class MetricsLog:
         self.csv_path = folder / "metrics.csv"
         self.png_path = folder / "curves.png"
         self._drawer = background_executor("curves")
+        self._lock = threading.Lock()
+        self._rows_to_draw: list[EpochMetrics] | None = None  # set while a drawing is queued, not yet started
 
     def read(self) -> list[EpochMetrics]:
         if not self.csv_path.is_file():
@@ -70,11 +73,16 @@ class MetricsLog:
         except OSError as err:
             log.warning("could not write %s: %s", self.csv_path.name, err)
             return
-        self._drawer.submit(self._plot_quietly, rows)
+        with self._lock:  # a drawing still waiting for its turn draws these rows instead: one picture, the latest
+            queued, self._rows_to_draw = self._rows_to_draw is not None, rows
+        if not queued:
+            self._drawer.submit(self._plot_latest)
 
-    def _plot_quietly(self, rows: list[EpochMetrics]) -> None:
+    def _plot_latest(self) -> None:
+        with self._lock:
+            rows, self._rows_to_draw = self._rows_to_draw, None
         try:
-            self.plot(rows)
+            self.plot(rows or [])
         except OSError as err:
             log.warning("could not write %s: %s", self.png_path.name, err)
 
