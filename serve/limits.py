@@ -139,16 +139,16 @@ class RequestLimits:
             return  # the client left
         if len(body) > self.max_bytes:
             return await self._refuse(send)
-        raw = raw_handler is not None and sent in raw_types
-        fields = None if raw else self.form_fields.get(scope["path"])
+        raw_body = raw_handler if sent in raw_types else None  # the route's own handler takes this body
+        fields = None if raw_body else self.form_fields.get(scope["path"])
         problem = await _form_problem(scope, body, fields) if fields else None
         if problem:
             return await _json_error(send, 400, problem)
         if self.processing.value == 0:
             return await _json_error(send, 429, "too many requests in progress; retry with backoff")
         async with self.processing:
-            if raw and raw_handler is not None:
-                await raw_handler(scope, body, send)
+            if raw_body is not None:
+                await raw_body(scope, body, send)
             else:
                 await self.app(scope, _replay(body), send)
 

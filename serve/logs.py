@@ -9,6 +9,13 @@ from __future__ import annotations
 import logging
 
 MAX_LOGGED = 200  # characters of any one value in a log line: a normal access-log field fits, a 10 KB path does not
+CLIENT_ERROR = "%s %s: %d %s"  # method, path, status, what was wrong: the one line a client's mistake gets
+
+
+def client_error_args(
+    method: object, path: object, status: int, error: BaseException
+) -> tuple[object, object, int, str]:
+    return method, path, status, str(error)[:MAX_LOGGED]
 
 
 class ClientErrorsAtInfo(logging.Filter):
@@ -21,7 +28,7 @@ class ClientErrorsAtInfo(logging.Filter):
         if record.levelno >= logging.ERROR and error is not None and 400 <= status < 500:
             path, method = record.args if isinstance(record.args, tuple) and len(record.args) == 2 else ("?", "?")
             record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg, record.args = "%s %s: %d %s", (method, path, status, str(error)[:200])
+            record.msg, record.args = CLIENT_ERROR, client_error_args(method, path, status, error)
             record.exc_info, record.exc_text = None, None
         return True
 

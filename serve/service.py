@@ -37,7 +37,7 @@ from serve.auth import ApiKeyGate
 from serve.batching import ModelBatcher
 from serve.config import ServeConfig
 from serve.limits import MAX_DIGITS, RequestLimits, Scope, Send, send_json, small_integer
-from serve.logs import install_log_filters
+from serve.logs import CLIENT_ERROR, client_error_args, install_log_filters
 from serve.metrics_labels import bound_metric_labels
 from serve.page import PAGE, PAGE_HEADERS
 from serve.preprocess import BadImage, Preprocessor
@@ -247,7 +247,7 @@ async def _classify_raw_body(scope: Scope, body: bytes, send: Send) -> None:
         answer = await bentoml.get_current_service().classify_upload(body, int(values[0]))
     except BentoMLException as err:
         status = err.error_code.value
-        (log.info if status < 500 else log.warning)("POST /classify: %d %s", status, str(err)[:200])
+        (log.info if status < 500 else log.warning)(CLIENT_ERROR, *client_error_args("POST", "/classify", status, err))
         return await send_json(send, status, {"error": str(err)})
     await send_json(send, 200, answer)
 
