@@ -19,10 +19,8 @@ alternate within each round, medians of rounds. Goal: async costs at most 5% of 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,8 +31,8 @@ import torchvision
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.ddp_launch import run_ddp_epochs  # noqa: E402
 from bench.results import write_result  # noqa: E402
-from bench.trainer_overhead import torchrun  # noqa: E402
 from train.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
 
 
@@ -64,11 +62,7 @@ def plain_write(path: Path, payload: bytes) -> float:
 
 def under_load(device: str, rounds: int, every: int, folder: Path) -> dict:
     """Median seconds per epoch of each side (no_save, sync, async) over rounds, in one DDP job."""
-    launch, env = torchrun(device)
-    out = folder / "under_load.json"
-    command = [*launch, "bench/ddp_epochs.py", "checkpoint", "--rounds", str(rounds), "--every", str(every)]
-    subprocess.run([*command, "--out", str(out)], cwd=ROOT, check=True, capture_output=True, env=env)
-    result = json.loads(out.read_text())
+    result = run_ddp_epochs(device, "checkpoint", folder, "--rounds", str(rounds), "--every", str(every))
     per_epoch = {
         side: statistics.median(r[side]["seconds"] / r[side]["epochs"] for r in result["rounds"])
         for side in ("no_save", "sync", "async")

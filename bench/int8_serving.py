@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel, limit_round  # noqa: E402
-from bench.load import load, warm_up, wrk_available  # noqa: E402
+from bench.load import load_levels, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.serve_throughput import CONCURRENCY  # noqa: E402
 from bench.workload import make_jpegs, make_model, write_jpegs  # noqa: E402
@@ -70,23 +70,22 @@ def main() -> int:
                 work / f"{precision}{round_}.log", HANDOFF_MODEL_DIR=str(folder), HANDOFF_PRECISION=precision
             ) as server:
                 server.wait_ready()
-                warm_up(server.url, jpegs)
-                figures[precision] = {
-                    c: load(args.client, server.url, server.proc.pid, jpegs, c, args.seconds) for c in CONCURRENCY
-                }
+                figures[precision] = load_levels(
+                    args.client, server.url, server.proc.pid, jpegs, CONCURRENCY, args.seconds
+                )
         rounds.append(figures)
     median = median_of_rounds(rounds)
     served = {precision: median[precision] for precision in ("fp32", "int8")}
     limits = {precision: median[f"{precision}_limit"] for precision in ("fp32", "int8")}
     accuracy = digits_accuracy(work)
     ratios = {
-        f"int8_over_fp32_served_c{c}": served["int8"][c]["images_per_s"] / served["fp32"][c]["images_per_s"]
+        f"int8_over_fp32_served_c{c}": served["int8"][str(c)]["images_per_s"] / served["fp32"][str(c)]["images_per_s"]
         for c in CONCURRENCY
     }
     ratios["int8_over_fp32_limit"] = limits["int8"]["images_per_s"] / limits["fp32"]["images_per_s"]
     for c in CONCURRENCY:
         for precision in ("fp32", "int8"):
-            r = served[precision][c]
+            r = served[precision][str(c)]
             print(
                 f"{precision} c={c:<3} {r['images_per_s']:6.1f} images/s  p50 {r['p50_ms']:7.1f} ms  "
                 f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']:.0f}"
@@ -111,10 +110,10 @@ def main() -> int:
             "rounds": args.rounds,
             "client": args.client,
             "limits": limits,
-            "served": {p: {str(c): r for c, r in s.items()} for p, s in served.items()},
+            "served": served,
             "ratios": ratios,
             "digits_accuracy": accuracy,
-            "seconds": {f"{p}_p50_c{c}": served[p][c]["p50_ms"] / 1000 for p in served for c in CONCURRENCY},
+            "seconds": {f"{p}_p50_c{c}": served[p][str(c)]["p50_ms"] / 1000 for p in served for c in CONCURRENCY},
             "goal": "served INT8 >= 2 x served fp32 at concurrency 64, at most 1 point of top-1 lost on the digits",
             "goal_met": goal,
         },

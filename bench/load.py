@@ -186,3 +186,17 @@ def load(
 ) -> dict:
     """Images/s, p50/p99 latency, errors, and client and server CPU, for `seconds` of load at `concurrency`."""
     return CLIENTS[client](url, server_pid, jpegs, concurrency, seconds, raw)
+
+
+def load_levels(
+    client: str,
+    url: str,
+    server_pid: int,
+    jpegs: list[bytes],
+    levels: tuple[int, ...],
+    seconds: float,
+    raw: bool = False,
+) -> dict[str, dict]:
+    """A warm-up, then `load` at each concurrency level in turn, keyed by the level as text (as in the JSON)."""
+    warm_up(url, jpegs)
+    return {str(c): load(client, url, server_pid, jpegs, c, seconds, raw) for c in levels}

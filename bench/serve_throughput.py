@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.checks import assert_provider  # noqa: E402
 from bench.limit import InProcessModel, limit_round  # noqa: E402
-from bench.load import load, warm_up, wrk_available  # noqa: E402
+from bench.load import load_levels, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -38,6 +38,7 @@ from harness.server import BentoServer  # noqa: E402
 CONCURRENCY = (1, 16, 64)
 SERVICES = ("peer_minimal", "peer_batched", "ours", "ours_raw_body")
 OURS = ("ours", "ours_raw_body")
+GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
 
 
 PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:BatchedPeer"}
@@ -61,11 +62,8 @@ def measure_service(name: str, folder: Path, device: str, log: Path, jpegs: list
     with start(name, folder, device, log) as server:
         result: dict[str, Any] = {"ready_s": server.wait_ready()}  # launch to /readyz 200, warm-up included
         assert_provider(name, [served_provider(name, server)], device)
-        warm_up(server.url, jpegs)
-        for c in CONCURRENCY:
-            result[str(c)] = load(
-                args.client, server.url, server.proc.pid, jpegs, c, args.seconds, raw=name == "ours_raw_body"
-            )
+        raw = name == "ours_raw_body"
+        result.update(load_levels(args.client, server.url, server.proc.pid, jpegs, CONCURRENCY, args.seconds, raw))
         return result
 
 
@@ -164,8 +162,6 @@ def main() -> int:
     )
     return 0
 
-
-GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,8 +16,6 @@ Goal: both ratios >= 0.95.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,15 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.ddp_launch import run_ddp_epochs, torchrun  # noqa: E402
 from bench.results import write_result  # noqa: E402
-
-NPROC = 2
-
-
-def torchrun(device: str) -> tuple[list[str], dict[str, str]]:
-    env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC)]
-    return cmd, env
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> float:
@@ -46,16 +37,7 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
 
 def loop_alone(device: str, rounds: int, work: Path) -> dict[str, float]:
     """Median steps/s of each side over rounds (bench/ddp_epochs.py loop)."""
-    launch, env = torchrun(device)
-    out = work / "loop.json"
-    subprocess.run(
-        [*launch, "bench/ddp_epochs.py", "loop", "--rounds", str(rounds), "--out", str(out)],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        env=env,
-    )
-    per_round = json.loads(out.read_text())["rounds"]
+    per_round = run_ddp_epochs(device, "loop", work, "--rounds", str(rounds))["rounds"]
     return {
         side: statistics.median(r[side]["steps"] / r[side]["seconds"] for r in per_round) for side in ("bare", "ours")
     }
