@@ -1,7 +1,8 @@
 """An ASGI middleware that checks POST requests before BentoML reads them: 413 for a body over the limit
 (declared or counted), 415 for a wrong content type, 400 for wrong multipart fields (BentoML itself
-answers a malformed form with 500), 408 for a body that does not arrive in time. A route may also take a
-raw body (an image as it is, no form): that body goes to the route's own handler, not through BentoML.
+answers a malformed form with 500), 408 for a body that does not arrive in time. An image route may also
+take a raw body (the image as it is, no form); its forms and raw bodies go to the route's own handler, parsed
+once here, instead of BentoML parsing the form again into a temporary file.
 
 It also owns the limit on requests in progress (429 past it), and takes a slot only once the whole body is
 in: a client that opens many uploads and stalls them (one byte, then nothing) holds reading slots for at
@@ -12,13 +13,16 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 import anyio
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-RawBodyHandler = Callable[[Scope, bytes, Send], Awaitable[None]]
+# A route's own handler for an image: its bytes and its parameters (the form's other fields for a multipart
+# upload, the query string's for a raw body), answered without BentoML parsing the body a second time.
+ImageHandler = Callable[[Scope, bytes, dict[str, list[str]], Send], Awaitable[None]]
 
 
 async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
@@ -62,28 +66,40 @@ def small_integer(value: object) -> bool:
     return text.lstrip("+-").isdigit() and len(text) <= MAX_DIGITS
 
 
-async def _form_problem(scope: Scope, body: bytes, fields: dict[str, str]) -> str | None:
-    """What is wrong with a multipart body's fields (unknown, missing, or a text where a file belongs)."""
+class BadForm(ValueError):
+    """What is wrong with a multipart body, in words the client can act on (answered with 400)."""
+
+
+async def read_form(scope: Scope, body: bytes, fields: dict[str, str]) -> tuple[bytes, dict[str, list[str]]]:
+    """A multipart body checked against its route's fields (unknown, missing, repeated, a text where a file
+    belongs): the file field's bytes and the other fields' values. Raises BadForm."""
     from starlette.requests import Request
 
     try:
         form = await Request(scope, _replay(body)).form()
     except Exception as err:  # noqa: BLE001 - any parse failure is the client's malformed body
-        return f"malformed multipart body ({err})"
+        raise BadForm(f"malformed multipart body ({err})") from None
     try:
         unknown = sorted(set(form.keys()) - set(fields))
         if unknown:
-            return f"unknown field(s) {', '.join(unknown)}; expected {', '.join(fields)}"
+            raise BadForm(f"unknown field(s) {', '.join(unknown)}; expected {', '.join(fields)}")
+        file, params = b"", {}
         for name, kind in fields.items():
             values = form.getlist(name)
-            if len(values) > 1:  # BentoML and this check could read different ones: refuse the ambiguity
-                return f"field '{name}' is given {len(values)} times; send it once"
+            if len(values) > 1:  # two readers could pick different ones: refuse the ambiguity
+                raise BadForm(f"field '{name}' is given {len(values)} times; send it once")
             value = values[0] if values else None
-            if kind == "file" and not hasattr(value, "filename"):
-                return f"missing file field '{name}'" if value is None else f"field '{name}' must be a file upload"
-            if kind == "integer" and value is not None and not small_integer(value):
-                return f"field '{name}' must be a whole number of at most {MAX_DIGITS} digits"
-        return None
+            if kind == "file":
+                if value is None:
+                    raise BadForm(f"missing file field '{name}'")
+                if isinstance(value, str):
+                    raise BadForm(f"field '{name}' must be a file upload")
+                file = await value.read()
+            elif value is not None:
+                if kind == "integer" and not small_integer(value):
+                    raise BadForm(f"field '{name}' must be a whole number of at most {MAX_DIGITS} digits")
+                params[name] = [str(value)]
+        return file, params
     finally:
         await form.close()
 
@@ -97,7 +113,7 @@ class RequestLimits:
         form_fields: dict[str, dict[str, str]],
         max_concurrency: int,
         body_timeout_s: float,
-        raw_bodies: dict[str, tuple[frozenset[str], RawBodyHandler]] | None = None,
+        image_routes: dict[str, tuple[frozenset[str], ImageHandler]] | None = None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -108,7 +124,7 @@ class RequestLimits:
         self.reading = anyio.Semaphore(READING_PER_SLOT * max_concurrency)
         self.content_types = content_types  # route -> the one media type it accepts
         self.form_fields = form_fields  # route -> {field: "file" | "integer" | "text"} of its multipart form
-        self.raw_bodies = raw_bodies or {}  # route -> (the raw media types it also takes, their handler)
+        self.image_routes = image_routes or {}  # route -> (the raw media types it also takes, its handler)
 
     async def _refuse(self, send: Send) -> None:
         await _json_error(send, 413, f"request body is larger than the limit of {self.max_bytes} bytes")
@@ -122,7 +138,7 @@ class RequestLimits:
             return await self._refuse(send)
         expected = self.content_types.get(scope["path"])
         sent = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
-        raw_types, raw_handler = self.raw_bodies.get(scope["path"], (frozenset(), None))
+        raw_types, handler = self.image_routes.get(scope["path"], (frozenset(), None))
         if expected and sent != expected and sent not in raw_types:
             accepted = " or ".join([expected, *sorted(raw_types)])
             return await _json_error(
@@ -139,16 +155,20 @@ class RequestLimits:
             return  # the client left
         if len(body) > self.max_bytes:
             return await self._refuse(send)
-        raw_body = raw_handler if sent in raw_types else None  # the route's own handler takes this body
-        fields = None if raw_body else self.form_fields.get(scope["path"])
-        problem = await _form_problem(scope, body, fields) if fields else None
-        if problem:
-            return await _json_error(send, 400, problem)
+        fields = self.form_fields.get(scope["path"])
+        image, params = body, parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        if fields and sent not in raw_types:
+            try:
+                image, params = await read_form(scope, body, fields)
+            except BadForm as err:
+                return await _json_error(send, 400, str(err))
+            if handler is not None:
+                body = b""  # only the image is kept while the request waits for the model
         if self.processing.value == 0:
             return await _json_error(send, 429, "too many requests in progress; retry with backoff")
         async with self.processing:
-            if raw_body is not None:
-                await raw_body(scope, body, send)
+            if handler is not None:
+                await handler(scope, image, params, send)
             else:
                 await self.app(scope, _replay(body), send)
 

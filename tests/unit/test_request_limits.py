@@ -80,3 +80,36 @@ def test_requests_over_the_limit_get_429_while_others_are_served():
         return sorted(statuses)
 
     assert anyio.run(go) == [200, 200, 429, 429, 429]
+
+
+def test_an_image_route_gets_the_file_and_its_parameters_from_either_body():
+    """Form and raw body reach the route's own handler alike: the image's bytes and its parameters."""
+    seen = []
+
+    async def handler(scope, image, params, send):
+        seen.append((image, params))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def go():
+        limits = RequestLimits(
+            echo_never_called,
+            max_bytes=1000,
+            content_types={"/classify": "multipart/form-data"},
+            form_fields=FIELDS,
+            max_concurrency=4,
+            body_timeout_s=5,
+            image_routes={"/classify": (frozenset({"image/png"}), handler)},
+        )
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=limits), base_url="http://t") as client:
+            form = await client.post("/classify", files={"image": ("a.png", b"PNGDATA")}, data={"top_k": "3"})
+            raw = await client.post("/classify?top_k=2", content=b"RAW", headers={"content-type": "image/png"})
+            bare = await client.post("/classify", files={"image": ("a.png", b"X")})
+        return form.status_code, raw.status_code, bare.status_code
+
+    assert anyio.run(go) == (200, 200, 200)
+    assert seen == [(b"PNGDATA", {"top_k": ["3"]}), (b"RAW", {"top_k": ["2"]}), (b"X", {})]
+
+
+async def echo_never_called(scope, receive, send):
+    raise AssertionError("an image route's bodies must not reach the app")
