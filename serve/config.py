@@ -62,7 +62,7 @@ class ServeConfig:
     one per GPU on a GPU host (README, "Workers per replica")"""
     max_batch_size: int = _setting("HANDOFF_MAX_BATCH_SIZE", 32, _env_int)
     max_latency_ms: int = _setting("HANDOFF_MAX_LATENCY_MS", 10_000, _env_int)
-    """BentoML's batching budget: requests it expects to wait longer are refused with 503, so keep it generous"""
+    """the batcher's budget: a request it expects to wait longer, or that has waited longer, is refused with 503"""
     timeout_s: int = _setting("HANDOFF_TIMEOUT_S", 60, _env_int)
     """a request not answered by then gets 504; BentoML keeps each request's context this long (~4 KB)"""
     max_concurrency: int = _setting("HANDOFF_MAX_CONCURRENCY", 256, _env_int)

@@ -7,8 +7,7 @@ Settings (environment, all in serve/config.py): HANDOFF_RUNTIME=onnx|torchscript
 HANDOFF_WORKERS, HANDOFF_MODEL_SHA256, HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATENCY_MS, ...
 
 Decoding and preprocessing run in worker threads outside the batched call; only validated tensors
-reach the batcher (serve/batching.py: BentoML's adaptive dispatcher), so a bad request can never fail
-the good ones batched with it.
+reach the batcher (serve/batching.py), so a bad request can never fail the good ones batched with it.
 """
 
 from __future__ import annotations

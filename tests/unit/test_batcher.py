@@ -1,10 +1,13 @@
-"""BentoML's adaptive dispatcher driven in process (serve/batching.py, the fenced private API): concurrent
-calls are batched, each caller gets its own rows back, and overload is answered with 503."""
+"""The adaptive batcher in process (serve/batching.py): concurrent calls are batched, each caller gets its own
+rows back, what queued while the model ran is the next batch, a caller that left is skipped, the model's
+error reaches its batch's callers only, and overload is answered with 503."""
 
+import threading
 import time
 
 import anyio
 import numpy as np
+import pytest
 from bentoml.exceptions import ServiceUnavailable
 
 from serve.batching import ModelBatcher
@@ -36,8 +39,7 @@ def test_concurrent_calls_are_batched_and_answered_in_their_own_rows():
 
 
 def test_overload_is_refused_with_503_and_the_rest_answered():
-    """A model slower than the latency budget: the dispatcher refuses what it cannot answer in time. It hands
-    its refusal back as a value; the batcher raises it, so the service answers 503 (it used to reach softmax)."""
+    """A model slower than the latency budget: the batcher refuses what it cannot answer in time, as 503."""
 
     def slow_model(batch: np.ndarray) -> np.ndarray:
         time.sleep(0.05)
@@ -62,3 +64,52 @@ def test_overload_is_refused_with_503_and_the_rest_answered():
 
     outcomes = anyio.run(go)
     assert set(outcomes) == {"ok", 503}, outcomes
+
+
+def test_what_queues_while_the_model_runs_is_the_next_batch_and_a_caller_that_left_is_skipped():
+    release = threading.Event()
+    seen_batches = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        seen_batches.append(batch[:, 0].tolist())
+        release.wait(10)  # the first batch holds the model until every other call has queued
+        return batch
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=4, max_latency_ms=10_000)
+        answers = {}
+
+        async def call(i: int):
+            answers[i] = (await batcher(np.full((1, 1), float(i))))[0, 0]
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(call, 0)
+            while not seen_batches:  # the model is running the first call alone
+                await anyio.sleep(0.01)
+            for i in range(1, 7):
+                tasks.start_soon(call, i)
+            with anyio.CancelScope() as leaver:
+                leaver.cancel()
+                await batcher(np.full((1, 1), 99.0))  # queued, then its caller is gone
+            await anyio.sleep(0.05)
+            release.set()
+        return answers
+
+    answers = anyio.run(go)
+    assert answers == {i: float(i) for i in range(7)}
+    assert seen_batches == [[0.0], [1.0, 2.0, 3.0, 4.0], [5.0, 6.0]], seen_batches
+
+
+def test_a_model_error_fails_its_batch_only():
+    def model(batch: np.ndarray) -> np.ndarray:
+        if (batch < 0).any():
+            raise RuntimeError("the runtime failed")
+        return batch
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=8, max_latency_ms=10_000)
+        with pytest.raises(RuntimeError, match="runtime failed"):
+            await batcher(np.full((1, 1), -1.0))
+        return await batcher(np.full((2, 1), 3.0))
+
+    np.testing.assert_array_equal(anyio.run(go), np.full((2, 1), 3.0))
