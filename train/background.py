@@ -1,6 +1,6 @@
-"""One-thread executors for work that must not slow training: asynchronous checkpoint writes, curves.png.
+"""A one-thread executor for work that must not slow training: the asynchronous checkpoint writes.
 
-Their thread runs at the lowest CPU priority (Linux: niceness is per thread), so where training keeps every core
+Its thread runs at the lowest CPU priority (Linux: niceness is per thread), so where training keeps every core
 busy the background work takes the gaps (waits on collectives and data) rather than the training's time. Measured
 by bench/checkpoint_stall.py under load (async saves every 4 steps): +8.2% of the epoch at normal priority, then
 +3.2%, +9.2% and +7.1% in three runs at the lowest, so on this 2-core machine the gain is inside the run-to-run

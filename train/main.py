@@ -388,7 +388,6 @@ def train(args: argparse.Namespace, info: distributed.DistInfo) -> int:
             )
         return 0
     finally:
-        metrics.close()  # the last curves.png is drawn
         checkpointer.close()  # an asynchronous save in flight is always finished, or its error raised
 
 
