@@ -90,8 +90,8 @@ def _draw_panel(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], epoch
     draw.text(((left + right) / 2, top - 10), panel.title, fill=TEXT, font=large, anchor="md")
     draw.text(((left + right) / 2, bottom + 26), "epoch", fill=TEXT, font=small, anchor="mt")
     draw.text((left - 50, top - 10), panel.y_label, fill=TEXT, font=small, anchor="ld")
-    draw.rectangle([(right - 78, top + 2), (right - 4, top + 18 * len(panel.series) + 4)], fill="white", outline=GRID)
-    for row, (name, series) in enumerate(panel.series.items()):
+    drawn: list[tuple[float, float]] = []
+    for name, series in panel.series.items():
         color = SERIES_COLORS.get(name, AXIS)
         points = [point(e, v) for e, v in zip(epochs, series, strict=True) if plottable(v)]
         points = [(x, min(max(y, top), bottom)) for x, y in points]  # a value outside the range sits on its edge
@@ -99,8 +99,17 @@ def _draw_panel(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], epoch
             draw.line(points, fill=color, width=2)
         for x, y in points if len(points) <= MARKERS_UP_TO else []:
             draw.ellipse([(x - 3, y - 3), (x + 3, y + 3)], fill=color)
-        legend_y = top + 10 + 18 * row
-        draw.line([(right - 70, legend_y), (right - 50, legend_y)], fill=color, width=2)
+        drawn += points
+    # The legend goes last, on top, in the right-hand corner (upper or lower) that the curves cross least.
+    height = 18 * len(panel.series) + 4
+    corners = [top + 2, bottom - 2 - height]
+    legend_top = min(
+        corners, key=lambda y0: sum(x >= right - 90 and y0 - 10 <= y <= y0 + height + 10 for x, y in drawn)
+    )
+    draw.rectangle([(right - 78, legend_top), (right - 4, legend_top + height)], fill="white", outline=GRID)
+    for row, name in enumerate(panel.series):
+        legend_y = legend_top + 10 + 18 * row
+        draw.line([(right - 70, legend_y), (right - 50, legend_y)], fill=SERIES_COLORS.get(name, AXIS), width=2)
         draw.text((right - 44, legend_y), name, fill=TEXT, font=small, anchor="lm")
 
 
