@@ -156,8 +156,10 @@ class RequestLimits:
         if len(body) > self.max_bytes:
             return await self._refuse(send)
         fields = self.form_fields.get(scope["path"])
-        image, params = body, parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-        if fields and sent not in raw_types:
+        image, params = body, {}
+        if sent in raw_types:  # a raw body's parameters are its query string's
+            params = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        elif fields:
             try:
                 image, params = await read_form(scope, body, fields)
             except BadForm as err:
