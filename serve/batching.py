@@ -72,7 +72,9 @@ class ModelBatcher:
         jobs: list[_Job] = []
         rows = 0
         now = time.monotonic()
-        while self.queue and rows + len(self.queue[0].rows) <= self.max_batch_size:
+        # The oldest job always goes, even one larger than a batch (alone): a job the loop never took would
+        # keep the worker spinning on the event loop.
+        while self.queue and (not jobs or rows + len(self.queue[0].rows) <= self.max_batch_size):
             job = self.queue.popleft()
             self.queued_rows -= len(job.rows)
             if job.future.done():  # the caller left
@@ -95,7 +97,8 @@ class ModelBatcher:
 
     async def _run(self, jobs: list[_Job]) -> None:
         started = time.monotonic()
-        rows = sum(len(job.rows) for job in jobs)
+        sizes = [len(job.rows) for job in jobs]
+        rows = sum(sizes)
         if self.seconds_per_row is not None:
             self.running_until = started + rows * self.seconds_per_row
         try:
@@ -108,6 +111,6 @@ class ModelBatcher:
             return
         per_row = (time.monotonic() - started) / rows
         self.seconds_per_row = per_row if self.seconds_per_row is None else 0.8 * self.seconds_per_row + 0.2 * per_row
-        for job, answer in zip(jobs, np.split(outputs, np.cumsum([len(job.rows) for job in jobs])[:-1]), strict=True):
+        for job, answer in zip(jobs, np.split(outputs, np.cumsum(sizes)[:-1]), strict=True):
             if not job.future.done():
                 job.future.set_result(answer)

@@ -113,3 +113,21 @@ def test_a_model_error_fails_its_batch_only():
         return await batcher(np.full((2, 1), 3.0))
 
     np.testing.assert_array_equal(anyio.run(go), np.full((2, 1), 3.0))
+
+
+def test_a_call_larger_than_a_batch_runs_alone_rather_than_stalling_the_queue():
+    seen_batches = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        seen_batches.append(len(batch))
+        return batch
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=4, max_latency_ms=10_000)
+        with anyio.fail_after(10):
+            big = await batcher(np.ones((6, 1)))
+            small = await batcher(np.ones((1, 1)))
+        return big, small
+
+    big, small = anyio.run(go)
+    assert big.shape == (6, 1) and small.shape == (1, 1) and seen_batches == [6, 1]
