@@ -234,8 +234,8 @@ RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/bmp
 async def _classify_image(scope: Scope, image: bytes, params: dict[str, list[str]], send: Send) -> None:
     """POST /classify, both ways: the multipart form (field `image`, optional `top_k`) or the image itself as
     the body (Content-Type: image/jpeg, image/png... and `?top_k=K`). serve/limits.py parses the body once and
-    hands it here, under its limits; BentoML's own form parsing (into a temporary file) would cost about
-    4 ms of server CPU per request (bench/serve_throughput.py, sides ours and ours_raw_body)."""
+    hands it here, under its limits, instead of BentoML parsing the form again into a temporary file (A/B:
+    38.7 -> 37.8 ms of server CPU per image at c=64, c=1 p50 23.2 -> 21.9 ms; README's Benchmarks)."""
     try:
         unknown = sorted(set(params) - {"top_k"})
         if unknown:
