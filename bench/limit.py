@@ -1,17 +1,19 @@
 """The in-process limit a served model is measured against: no HTTP, no server, the best arrangement found.
 
 The same JPEGs, decoded and preprocessed by the service's own Preprocessor, run through ONNX Runtime with the
-service's session settings (serve/runtime.py), on the whole machine. Two arrangements at each batch size:
+service's session settings (serve/runtime.py), on the whole machine. Three arrangements at each batch size:
 - serial: decode a batch, then run it;
-- overlapped: a thread pool (one thread per core) decodes batch k+1 while the model runs batch k.
+- overlapped: a thread pool (one thread per core) decodes batch k+1 while the model runs batch k;
+- lanes: one lane per core, each a one-thread session with its own decoding thread, overlapped as above; the
+  in-process peer of a service with one worker per core (HANDOFF_WORKERS).
 One call is one round: every arrangement and batch size is timed over the same images, and the round's limit
 is the best of them; callers take the median over rounds, interleaved with the services they compare.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +24,7 @@ import numpy as np
 
 from bench.checks import assert_provider
 from export.manifest import read_manifest_unchecked
+from serve.config import usable_cores
 from serve.preprocess import Preprocessor
 from serve.runtime import onnx_providers, onnx_session_options
 
@@ -40,7 +43,13 @@ class InProcessModel:
             str(folder / model_file), onnx_session_options(), providers=onnx_providers(device)
         )
         assert_provider("limit", self.session.get_providers(), device)
-        self.pool = ThreadPoolExecutor(os.cpu_count() or 1)
+        self.pool = ThreadPoolExecutor(usable_cores())
+        # Lanes are a CPU arrangement (the service runs one worker per GPU, not per core).
+        lanes = usable_cores() if device == "cpu" else 0
+        self.lanes = [
+            (ort.InferenceSession(str(folder / model_file), onnx_session_options(1)), ThreadPoolExecutor(1))
+            for _ in range(lanes)
+        ]
 
     def prepare(self, jpeg: bytes) -> np.ndarray:
         return self.pre(self.pre.decode(jpeg))
@@ -52,13 +61,27 @@ class InProcessModel:
         for batch in batches:
             self.run(np.stack([self.prepare(jpeg) for jpeg in batch]))
 
-    def overlapped(self, batches: list[list[bytes]]) -> None:
-        pending = [self.pool.submit(self.prepare, jpeg) for jpeg in batches[0]]
+    def overlapped(self, batches: list[list[bytes]], lane: tuple[Any, ThreadPoolExecutor] | None = None) -> None:
+        session, pool = lane or (self.session, self.pool)
+        pending = [pool.submit(self.prepare, jpeg) for jpeg in batches[0]]
         for k in range(len(batches)):
             ready = np.stack([future.result() for future in pending])
             if k + 1 < len(batches):  # the next batch decodes while this one runs
-                pending = [self.pool.submit(self.prepare, jpeg) for jpeg in batches[k + 1]]
-            self.run(ready)
+                pending = [pool.submit(self.prepare, jpeg) for jpeg in batches[k + 1]]
+            session.run(None, {"input": ready})
+
+    def in_lanes(self, batches: list[list[bytes]]) -> None:
+        """The batches dealt out to the lanes in turn, every lane running at once (sessions release the GIL)."""
+        count = len(self.lanes)
+        threads = [
+            threading.Thread(target=self.overlapped, args=(batches[i::count], lane))
+            for i, lane in enumerate(self.lanes)
+            if batches[i::count]
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
 
 def _timed(work: Callable[[list[list[bytes]]], None], batches: list[list[bytes]]) -> tuple[float, float]:
@@ -71,10 +94,15 @@ def _timed(work: Callable[[list[list[bytes]]], None], batches: list[list[bytes]]
 def limit_round(model: InProcessModel, jpegs: list[bytes], images: int = 96) -> dict[str, Any]:
     """One round: images/s and CPU ms per image for every arrangement and batch size, the best of them, and the
     single-image time (decode + preprocess + batch of 1, median of 30 calls)."""
-    by_arrangement: dict[str, dict[int, dict[str, float]]] = {"serial": {}, "overlapped": {}}
+    arrangements = {"serial": model.serial, "overlapped": model.overlapped}
+    if model.lanes:
+        arrangements["lanes"] = model.in_lanes
+    by_arrangement: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arrangements}
     for size in BATCH_SIZES:
-        batches = [[jpegs[(i * size + j) % len(jpegs)] for j in range(size)] for i in range(max(1, images // size))]
-        for name, arrangement in (("serial", model.serial), ("overlapped", model.overlapped)):
+        lanes = max(1, len(model.lanes))
+        count = -(-max(1, images // size) // lanes) * lanes  # a whole number of batches per lane, so none idles
+        batches = [[jpegs[(i * size + j) % len(jpegs)] for j in range(size)] for i in range(count)]
+        for name, arrangement in arrangements.items():
             arrangement(batches[:1])  # warm this batch size
             wall, cpu = _timed(arrangement, batches)
             count = len(batches) * size

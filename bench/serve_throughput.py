@@ -4,13 +4,15 @@
 
 Model: resnet18 at 224 px, 1000 classes, random weights, exported by `python -m export` (or --export DIR).
 Sides, each given the whole machine in turn (one server at a time: an idle BentoML server still takes CPU):
-- limit: bench/limit.py, no HTTP: the service's preprocessing and session settings, the best of serial and
-  overlapped (thread-pool) decoding at the best batch size;
+- limit: bench/limit.py, no HTTP: the service's preprocessing and session settings, the best of serial,
+  overlapped (thread-pool) decoding and one lane per core, at the best batch size;
 - peer_minimal: bench/peer/minimal.py, a synchronous endpoint, one model call per request;
 - peer_batched: bench/peer/batched.py, what BentoML's adaptive-batching guide leads to (`batchable=True`,
   async), with our preprocessing and session settings;
 - ours: `bentoml serve` with serve/service.py, the same multipart uploads;
-- ours_raw_body: the same service sent each JPEG as the body itself (`Content-Type: image/jpeg`).
+- ours_raw_body: the same service sent each JPEG as the body itself (`Content-Type: image/jpeg`);
+- ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
+  (HANDOFF_WORKERS; each worker's model then runs on one thread).
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
 round); figures are medians over rounds. Load: JPEG uploads at concurrency 1, 16 and 64 for --seconds each,
 by bench/load.py (wrk when installed, else httpx), with the client's and the server's CPU per image.
@@ -34,10 +36,12 @@ from bench.load import load_levels, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
+from serve.config import usable_cores  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
-SERVICES = ("peer_minimal", "peer_batched", "ours", "ours_raw_body")
-OURS = ("ours", "ours_raw_body")
+SERVICES = ("peer_minimal", "peer_batched", "ours", "ours_raw_body", "ours_per_core")
+OURS = ("ours", "ours_raw_body", "ours_per_core")
+CPU_ONLY = ("ours_per_core",)  # one worker per core is a CPU arrangement; on a GPU host it is one per GPU
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
 
 
@@ -46,7 +50,8 @@ PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:Batched
 
 def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
     if name in OURS:
-        return BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device)
+        workers = usable_cores() if name == "ours_per_core" else 1
+        return BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device, HANDOFF_WORKERS=str(workers))
     return BentoServer(
         log, target=PEERS[name], cwd=ROOT / "bench" / "peer", PEER_MODEL_DIR=str(folder), PEER_DEVICE=device
     )
@@ -73,10 +78,11 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=8.0, help="load per concurrency level, side and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
-    p.add_argument("--sides", nargs="+", choices=SERVICES, default=list(SERVICES), help="services to measure")
+    p.add_argument("--sides", nargs="+", choices=SERVICES, help="services to measure (default: all for the device)")
     p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 (default)")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     args = p.parse_args()
+    args.sides = args.sides or [n for n in SERVICES if args.device == "cpu" or n not in CPU_ONLY]
     work = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     folder = args.export or make_model(work)
     jpegs = make_jpegs()

@@ -58,8 +58,10 @@ class ServeConfig:
     show_paths: bool = _setting("HANDOFF_SHOW_PATHS", False, lambda name, value: value == "1")
     """1: /info shows absolute paths (checkpoint, model folder); otherwise file names only"""
     workers: int = _setting("HANDOFF_WORKERS", 1, _env_int)
-    """server processes per replica: 1 on a CPU host (ONNX Runtime already uses every core for each batch),
-    one per GPU on a GPU host (README, "Workers per replica")"""
+    """server processes per replica: 1 on a CPU host for the lowest latency, one per core for the most images
+    per second; one per GPU on a GPU host (README, "Workers per replica")"""
+    cpu_threads: int | None = _setting("HANDOFF_CPU_THREADS", None, _env_int)
+    """threads each worker's model runs on; unset: the cores this process may use, shared out among the workers"""
     max_batch_size: int = _setting("HANDOFF_MAX_BATCH_SIZE", 32, _env_int)
     max_latency_ms: int = _setting("HANDOFF_MAX_LATENCY_MS", 10_000, _env_int)
     """the batcher's budget: a request it expects to wait longer, or that has waited longer, is refused with 503"""
@@ -80,6 +82,7 @@ class ServeConfig:
             ("HANDOFF_MAX_CONCURRENCY", self.max_concurrency, 1),
             ("HANDOFF_WORKERS", self.workers, 1),
             ("HANDOFF_BODY_TIMEOUT_S", self.body_timeout_s, 1),
+            ("HANDOFF_CPU_THREADS", self.model_threads(), 1),
         ):
             if value < least:
                 raise ValueError(f"{name}={value}: must be at least {least}")
@@ -91,6 +94,14 @@ class ServeConfig:
     @property
     def max_body_bytes(self) -> int:
         return self.max_body_mb * 1024 * 1024
+
+    def cores_per_worker(self) -> int:
+        """This worker's share of the cores: how many images it decodes at once, and its model's default threads
+        (left to itself, each worker's runtime would start one thread per core: N workers, N x cores threads)."""
+        return max(1, usable_cores() // self.workers)
+
+    def model_threads(self) -> int:
+        return self.cpu_threads if self.cpu_threads is not None else self.cores_per_worker()
 
     def batch_buckets(self) -> list[int]:
         """Batch sizes warmed up before ready: powers of two up to the batcher's maximum."""
@@ -106,6 +117,14 @@ class ServeConfig:
         import bentoml
 
         return Path(bentoml.models.get(f"{self.model_name}:latest").path)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container's CPU set), not all the host has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 SETTINGS: tuple[str, ...] = tuple(f.metadata["env"] for f in fields(ServeConfig))

@@ -58,12 +58,14 @@ def onnx_providers(device: str, tensorrt_cache: str | None = None) -> list[Any]:
     return wanted
 
 
-def onnx_session_options() -> Any:
-    """The service's ONNX Runtime session settings; the benchmarks' in-process limit and batched peer use them
-    too, so a comparison differs in the serving stack only."""
+def onnx_session_options(threads: int | None = None) -> Any:
+    """The service's ONNX Runtime session settings (`threads`: the intra-op threads; None: one per core); the
+    benchmarks' in-process limit and batched peer use them too, so a comparison differs in the serving stack only."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
     # ONNX Runtime's idle intra-op threads spin by default, taking the cores the image decoders need
     # between batches; measured with bench/serve_throughput.py (see BENCHMARKS.md).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -75,11 +77,17 @@ class OnnxRuntime:
     artifact: str  # set by load_runtime: model.onnx or model.int8.onnx
 
     def __init__(
-        self, model: bytes, external_data: bytes | None, device: str, dtype: str, tensorrt_cache: str | None = None
+        self,
+        model: bytes,
+        external_data: bytes | None,
+        device: str,
+        dtype: str,
+        tensorrt_cache: str | None = None,
+        threads: int | None = None,
     ) -> None:
         import onnxruntime as ort
 
-        options = onnx_session_options()
+        options = onnx_session_options(threads)
         options.log_severity_level = 3  # the CPU fallback is detected below, not left to a log line
         if external_data is not None:  # weights beside the graph, handed over from memory like the graph
             options.add_external_initializers_from_files_in_memory([ONNX_DATA], [external_data], [len(external_data)])
@@ -106,7 +114,7 @@ class TorchScriptRuntime:
     name = "torchscript"
     artifact: str  # set by load_runtime
 
-    def __init__(self, model: bytes, device: str, dtype: str) -> None:
+    def __init__(self, model: bytes, device: str, dtype: str, threads: int | None = None) -> None:
         try:
             import torch
         except ImportError:
@@ -118,6 +126,8 @@ class TorchScriptRuntime:
         has_cuda = torch.cuda.is_available()
         if device == "cuda" and not has_cuda:
             raise RuntimeUnavailable("HANDOFF_DEVICE=cuda but torch sees no CUDA device")
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.torch = torch
         self.torch_device = torch.device("cuda" if device in ("auto", "cuda") and has_cuda else "cpu")
         try:
@@ -166,9 +176,11 @@ def load_runtime(
     device: str,
     precision: str = "fp32",
     tensorrt_cache: str | None = None,
+    threads: int | None = None,
 ) -> Runtime:
     """The runtime `kind` on `device` at `precision`, built from the manifest-verified bytes of its artifact;
-    `tensorrt_cache` set: ONNX Runtime tries TensorRT first, keeping its engines there."""
+    `tensorrt_cache` set: ONNX Runtime tries TensorRT first, keeping its engines there; `threads`: the CPU
+    threads the model runs on (None: the runtime's default, one per core)."""
     if device not in DEVICES:
         raise RuntimeUnavailable(f"HANDOFF_DEVICE={device!r}: choose one of {', '.join(DEVICES)}")
     artifact = runtime_artifact(kind, precision, manifest)
@@ -178,10 +190,15 @@ def load_runtime(
     if kind == "onnx":
         external = (manifest.get("onnx") or {}).get("external_data") and artifact == ONNX
         runtime = OnnxRuntime(
-            model, read_artifact(folder, manifest, ONNX_DATA) if external else None, device, dtype, tensorrt_cache
+            model,
+            read_artifact(folder, manifest, ONNX_DATA) if external else None,
+            device,
+            dtype,
+            tensorrt_cache,
+            threads,
         )
     else:
-        runtime = TorchScriptRuntime(model, device, dtype)
+        runtime = TorchScriptRuntime(model, device, dtype, threads)
     runtime.artifact = artifact
     log.info("runtime %s on %s (%s)", runtime.name, runtime.device, runtime.provider)
     return runtime

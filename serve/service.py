@@ -13,7 +13,6 @@ reach the batcher (serve/batching.py), so a bad request can never fail the good 
 from __future__ import annotations
 
 import logging
-import os
 import time
 import typing
 from http import HTTPStatus
@@ -85,9 +84,9 @@ class HandoffClassifier:
     def __init__(self) -> None:
         self.not_ready: str | None = None
         self.batcher: ModelBatcher | None = None
-        # Decoding is CPU-bound and a large image takes hundreds of MB while it is decoded: one per core at a
-        # time bounds both (BentoML's default thread pool would decode 40 at once).
-        self.decoders = anyio.CapacityLimiter(os.cpu_count() or 1)
+        # Decoding is CPU-bound and a large image takes hundreds of MB while it is decoded: one per core (of this
+        # worker's share) at a time bounds both (BentoML's default thread pool would decode 40 at once).
+        self.decoders = anyio.CapacityLimiter(CONFIG.cores_per_worker())
         started = time.monotonic()
         try:
             self._load()
@@ -119,6 +118,7 @@ class HandoffClassifier:
             CONFIG.device,
             CONFIG.precision,
             CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None,
+            CONFIG.model_threads(),
         )
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
@@ -224,6 +224,7 @@ class HandoffClassifier:
             "provider": self.runtime.provider,
             "device": self.runtime.device,
             "batching": {"max_batch_size": CONFIG.max_batch_size, "max_latency_ms": CONFIG.max_latency_ms},
+            "cpu": {"workers": CONFIG.workers, "model_threads": CONFIG.model_threads()},
         }
 
 

@@ -20,6 +20,7 @@ from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_c
 from PIL import Image
 
 from export.manifest import read_manifest_unchecked
+from serve.config import usable_cores
 from serve.metrics_labels import UNKNOWN
 from serve.preprocess import Preprocessor
 from train.preprocessing import Preprocessing
@@ -135,6 +136,7 @@ def test_info_and_probes(server, exported):
     manifest = read_manifest_unchecked(exported)
     assert info["ready"] and info["runtime"] == "onnx"
     assert info["provider"] == "CPUExecutionProvider" and info["device"] == "cpu"
+    assert info["cpu"] == {"workers": 1, "model_threads": usable_cores()}
     assert info["model"]["sha256"] == manifest["artifacts"]["model.onnx"]["sha256"]
     assert server.status("/livez") == 200 and server.status("/readyz") == 200
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
@@ -328,7 +330,14 @@ CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 @pytest.mark.parametrize(
     "env, expected",
     [
-        ({"HANDOFF_RUNTIME": "torchscript"}, {"runtime": "torchscript", "device": "cpu"}),
+        (
+            {"HANDOFF_RUNTIME": "torchscript", "HANDOFF_CPU_THREADS": "1"},
+            {"runtime": "torchscript", "device": "cpu", "cpu": {"workers": 1, "model_threads": 1}},
+        ),
+        (  # two processes answer on one port, each with its share of the cores
+            {"HANDOFF_WORKERS": "2"},
+            {"runtime": "onnx", "cpu": {"workers": 2, "model_threads": max(1, usable_cores() // 2)}},
+        ),
         pytest.param(
             {"HANDOFF_DEVICE": "cuda"}, {"provider": "CUDAExecutionProvider", "device": "cuda"}, marks=CUDA_ONLY
         ),
