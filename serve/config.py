@@ -6,6 +6,7 @@ README's table, the Kubernetes manifest in deploy/ and the tests check against t
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -119,12 +120,33 @@ class ServeConfig:
         return Path(bentoml.models.get(f"{self.model_name}:latest").path)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (a container's CPU set), not all the host has."""
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use, not all the host has: its CPU set (`docker --cpuset-cpus`), capped by its
+    CPU quota (`docker --cpus`, a Kubernetes CPU limit), rounded up. A runtime that starts a thread for each of
+    a 64-core node's cores under a 2-core limit spends its time throttled."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota(cgroup)
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+def cpu_quota(cgroup: Path) -> float | None:
+    """Cores' worth of CPU time the container may use (cgroup v2 cpu.max, else v1's CFS files); None: no limit."""
+    v1 = cgroup / "cpu"
+    for read in (
+        lambda: (cgroup / "cpu.max").read_text().split()[:2],
+        lambda: [(v1 / "cpu.cfs_quota_us").read_text(), (v1 / "cpu.cfs_period_us").read_text()],
+    ):
+        try:
+            quota, period = (value.strip() for value in read())
+            if quota in ("max", "-1"):
+                return None
+            return int(quota) / int(period)
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+    return None
 
 
 SETTINGS: tuple[str, ...] = tuple(f.metadata["env"] for f in fields(ServeConfig))

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from serve.config import ServeConfig, usable_cores
+from serve.config import ServeConfig, cpu_quota, usable_cores
 
 
 def test_workers_share_the_cores_and_an_explicit_thread_count_wins(monkeypatch):
@@ -32,3 +32,28 @@ def test_usable_cores_follow_the_cpu_set():
         assert usable_cores() == 1
     finally:
         os.sched_setaffinity(0, allowed)
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        ({"cpu.max": "150000 100000\n"}, 1.5),  # cgroup v2: docker --cpus 1.5
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.0),  # cgroup v1
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu.max": "garbage\n"}, None),
+        ({}, None),
+    ],
+)
+def test_the_cpu_quota_is_read_from_either_cgroup_version(tmp_path, files, expected):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_quota(tmp_path) == expected
+
+
+def test_a_cpu_quota_caps_the_cores_rounded_up(tmp_path):
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # half a core: one thread, not zero
+    assert usable_cores(tmp_path) == 1
+    (tmp_path / "cpu.max").write_text(f"{100000 * (usable_cores() + 8)} 100000\n")  # a quota above the CPU set
+    assert usable_cores(tmp_path) == usable_cores()
