@@ -47,7 +47,7 @@ soak: install
 # The serving benchmarks load the service with wrk where it is installed (apt-get install wrk), else httpx.
 bench: install
 	$(BIN)/python bench/checkpoint_stall.py --rounds 7
-	$(BIN)/python bench/serve_throughput.py --seconds 8 --rounds 3
+	$(BIN)/python bench/serve_throughput.py --seconds 8 --rounds 5
 	$(BIN)/python bench/export_time.py --rounds 3
 	$(BIN)/python bench/trainer_overhead.py --rounds 5
 	$(BIN)/python bench/int8_serving.py --seconds 8 --rounds 3
