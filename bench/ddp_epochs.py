@@ -8,7 +8,8 @@ the digits, batch 32 per process, SGD with weight decay 1e-4), and the sides alt
 drift of the machine hits them alike. A side's time runs from a barrier to a barrier, over --epochs epochs.
 - loop: the trainer's own `train_one_epoch` (train/main.py) against the bare loop; steps per second.
 - checkpoint: the bare loop with no save, with the trainer's Checkpointer saving the model and optimizer every
-  --every steps synchronously, and asynchronously (--async-save); time per epoch.
+  --every steps synchronously, and asynchronously (--async-save); time per epoch, and on rank 0 how long the
+  loop waited on the saves.
 Rank 0 writes the per-round times to --out as JSON.
 """
 
@@ -55,7 +56,11 @@ def loop_sides(s: BareSetup) -> dict[str, Callable[[], int]]:
     return {"bare": lambda: bare_epoch(s), "ours": ours}
 
 
-def checkpoint_sides(s: BareSetup, every: int, folder: Path) -> tuple[dict[str, Callable[[], int]], list[Checkpointer]]:
+def checkpoint_sides(
+    s: BareSetup, every: int, folder: Path, blocked: dict[str, dict[str, float]]
+) -> tuple[dict[str, Callable[[], int]], list[Checkpointer]]:
+    """The three sides; `blocked[side]` collects the saves made and the seconds the loop waited on them
+    (`save()` plus the wait for the last write at the epoch's end)."""
     is_main = dist.get_rank() == 0
     savers = {
         "sync": Checkpointer(CheckpointConfig(folder / "sync", keep_last=2), is_main),
@@ -63,7 +68,15 @@ def checkpoint_sides(s: BareSetup, every: int, folder: Path) -> tuple[dict[str, 
     }
     saved = {"count": 0}
 
-    def saving_every_k(saver: Checkpointer) -> Callable[[], int]:
+    def saving_every_k(side: str) -> Callable[[], int]:
+        saver = savers[side]
+
+        def waited(call: Callable[[], None]) -> None:
+            started = time.perf_counter()
+            call()
+            totals = blocked.setdefault(side, {"saves": 0, "blocked_s": 0.0})
+            totals["blocked_s"] += time.perf_counter() - started
+
         def on_step(step: int) -> None:
             if step % every == 0:
                 saved["count"] += 1
@@ -74,17 +87,17 @@ def checkpoint_sides(s: BareSetup, every: int, folder: Path) -> tuple[dict[str, 
                     "epoch": saved["count"],
                     "step": saved["count"],
                 }
-                saver.save(state, epoch_done=True, is_best=False)
+                waited(lambda: saver.save(state, epoch_done=True, is_best=False))
+                blocked[side]["saves"] += 1
 
         def run() -> int:
             steps = bare_epoch(s, on_step)
-            saver.wait()  # an async write still in flight finishes inside the timed window: nothing is left owed
+            waited(saver.wait)  # an async write still in flight finishes inside the timed window: nothing is left owed
             return steps
 
         return run
 
-    sides = {"no_save": lambda: bare_epoch(s), "sync": saving_every_k(savers["sync"])}
-    sides["async"] = saving_every_k(savers["async"])
+    sides = {"no_save": lambda: bare_epoch(s), "sync": saving_every_k("sync"), "async": saving_every_k("async")}
     return sides, list(savers.values())
 
 
@@ -100,10 +113,11 @@ def main() -> None:
     s = bare_setup(args.batch_size)
     with tempfile.TemporaryDirectory(prefix="ddp-epochs-", dir=args.out.parent) as folder:
         savers: list[Checkpointer] = []
+        blocked: dict[str, dict[str, float]] = {}  # checkpoint: per side, what the loop waited on its saves
         if args.compare == "loop":
             sides = loop_sides(s)
         else:
-            sides, savers = checkpoint_sides(s, args.every, Path(folder))
+            sides, savers = checkpoint_sides(s, args.every, Path(folder), blocked)
         timed_epochs(s, 1, 0, sides["bare" if args.compare == "loop" else "no_save"])  # warm-up, not counted
         rounds: list[dict[str, dict[str, float]]] = []
         epoch = 1
@@ -114,7 +128,7 @@ def main() -> None:
             for name in names:
                 seconds, steps = timed_epochs(s, args.epochs, epoch, sides[name])
                 epoch += args.epochs
-                figures[name] = {"seconds": seconds, "steps": steps, "epochs": args.epochs}
+                figures[name] = {"seconds": seconds, "steps": steps, "epochs": args.epochs, **blocked.pop(name, {})}
             rounds.append(figures)
         for saver in savers:
             saver.close()
