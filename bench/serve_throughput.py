@@ -42,10 +42,15 @@ CONCURRENCY = (1, 16, 64)
 SERVICES = ("peer_minimal", "peer_batched", "ours", "ours_raw_body", "ours_per_core")
 OURS = ("ours", "ours_raw_body", "ours_per_core")
 CPU_ONLY = ("ours_per_core",)  # one worker per core is a CPU arrangement; on a GPU host it is one per GPU
+
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
 
 
 PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:BatchedPeer"}
+
+
+def default_sides(device: str) -> list[str]:
+    return [name for name in SERVICES if device == "cpu" or name not in CPU_ONLY]
 
 
 def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
@@ -82,7 +87,7 @@ def main() -> int:
     p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 (default)")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     args = p.parse_args()
-    args.sides = args.sides or [n for n in SERVICES if args.device == "cpu" or n not in CPU_ONLY]
+    args.sides = args.sides or default_sides(args.device)
     work = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     folder = args.export or make_model(work)
     jpegs = make_jpegs()

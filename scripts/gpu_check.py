@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.serve_throughput import SERVICES  # noqa: E402
+from bench.serve_throughput import default_sides  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.ort_cuda import preload_cuda_libraries  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -302,7 +302,7 @@ def main() -> int:
     if fp32:
         report.run("serve with bentoml on the device", lambda: serve_on_device(args.out, fp32["folder"], device))
         # the dry run checks the step works, not the figures: ours alone, briefly
-        seconds, rounds, sides = (2, 1, ["ours"]) if args.dry_run_cpu else (8, 3, list(SERVICES))
+        seconds, rounds, sides = (2, 1, ["ours"]) if args.dry_run_cpu else (8, 3, default_sides(device))
         report.run(
             "serving benchmark", lambda: serving_benchmark(args.out, fp32["folder"], device, seconds, rounds, sides)
         )
