@@ -100,8 +100,8 @@ def limit_round(model: InProcessModel, jpegs: list[bytes], images: int = 96) -> 
     by_arrangement: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arrangements}
     for size in BATCH_SIZES:
         lanes = max(1, len(model.lanes))
-        count = -(-max(1, images // size) // lanes) * lanes  # a whole number of batches per lane, so none idles
-        batches = [[jpegs[(i * size + j) % len(jpegs)] for j in range(size)] for i in range(count)]
+        batch_count = -(-max(1, images // size) // lanes) * lanes  # a whole number per lane, so no lane idles
+        batches = [[jpegs[(i * size + j) % len(jpegs)] for j in range(size)] for i in range(batch_count)]
         for name, arrangement in arrangements.items():
             arrangement(batches[:1])  # warm this batch size
             wall, cpu = _timed(arrangement, batches)
