@@ -1,10 +1,19 @@
 """The service's settings: each worker's share of the cores, and a bad value refused by name."""
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 
-from serve.config import ServeConfig, cpu_quota, usable_cores
+from serve.config import SETTINGS, ServeConfig, cpu_quota, usable_cores
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_table_lists_every_setting_and_no_other():
+    rows = re.findall(r"^\| `(HANDOFF_[A-Z0-9_]+)` \|", README.read_text(), re.MULTILINE)
+    assert sorted(rows) == sorted(SETTINGS)
 
 
 def test_workers_share_the_cores_and_an_explicit_thread_count_wins(monkeypatch):
