@@ -43,9 +43,10 @@ class InProcessModel:
             str(folder / model_file), onnx_session_options(), providers=onnx_providers(device)
         )
         assert_provider("limit", self.session.get_providers(), device)
-        self.pool = ThreadPoolExecutor(usable_cores())
+        cores = usable_cores()
+        self.pool = ThreadPoolExecutor(cores)
         # Lanes are a CPU arrangement (the service runs one worker per GPU, not per core).
-        lanes = usable_cores() if device == "cpu" else 0
+        lanes = cores if device == "cpu" else 0
         self.lanes = [
             (ort.InferenceSession(str(folder / model_file), onnx_session_options(1)), ThreadPoolExecutor(1))
             for _ in range(lanes)

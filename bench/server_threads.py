@@ -2,7 +2,7 @@
 
     python bench/server_threads.py [--seconds 10] [--concurrency 64] [--export DIR]
 
-Each thread's CPU time is read from /proc/PID/task/TID/stat (Linux) before and after:
+Each thread's CPU time is read (psutil, from /proc/PID/task on Linux) before and after:
 - the server: the BentoML worker process of `bentoml serve` (serve/service.py), under wrk (else httpx) load of
   raw JPEG bodies at --concurrency; its main thread is the event loop (HTTP, BentoML's middlewares, our
   handler); the others decode images and run the model (ONNX Runtime's threads have no Python name);
@@ -31,20 +31,10 @@ from bench.results import write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
 
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds (user + system) of each thread of `pid`, by thread id."""
-    seconds = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is field 0, utime 11, stime 12
-        seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / TICKS
-    return seconds
+    return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
 
 
 def per_image_ms(before: dict[int, float], after: dict[int, float], images: float, names: dict[int, str]) -> dict:
