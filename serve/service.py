@@ -87,6 +87,7 @@ class HandoffClassifier:
         # Decoding is CPU-bound and a large image takes hundreds of MB while it is decoded: one per core (of this
         # worker's share) at a time bounds both (BentoML's default thread pool would decode 40 at once).
         self.decoders = anyio.CapacityLimiter(CONFIG.cores_per_worker())
+        self.model_threads = CONFIG.model_threads()  # read once: /info reports what the runtime was built with
         started = time.monotonic()
         try:
             self._load()
@@ -118,7 +119,7 @@ class HandoffClassifier:
             CONFIG.device,
             CONFIG.precision,
             CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None,
-            CONFIG.model_threads(),
+            self.model_threads,
         )
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
@@ -224,7 +225,7 @@ class HandoffClassifier:
             "provider": self.runtime.provider,
             "device": self.runtime.device,
             "batching": {"max_batch_size": CONFIG.max_batch_size, "max_latency_ms": CONFIG.max_latency_ms},
-            "cpu": {"workers": CONFIG.workers, "model_threads": CONFIG.model_threads()},
+            "cpu": {"workers": CONFIG.workers, "model_threads": self.model_threads},
         }
 
 
