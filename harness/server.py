@@ -29,13 +29,14 @@ class BentoServer:
         self, log: Path, target: str | None = None, cwd: Path = ROOT, bentoml: Path | None = None, **env: str
     ) -> None:
         """`target` is what `bentoml serve` serves (default: the bentofile in `cwd`); `bentoml` the executable
-        (default: this environment's); `env` adds variables."""
+        (default: `python -m bentoml` of this interpreter, which also works where bentoml was installed with
+        `pip --target` and has no script beside the interpreter); `env` adds variables."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.started = time.monotonic()
-        bentoml = bentoml or Path(sys.executable).parent / "bentoml"
-        cmd = [str(bentoml), "serve", *([target] if target else []), "--host", "127.0.0.1", "--port", str(self.port)]
+        launcher = [str(bentoml)] if bentoml else [sys.executable, "-m", "bentoml"]
+        cmd = [*launcher, "serve", *([target] if target else []), "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(
             cmd,
             cwd=cwd,

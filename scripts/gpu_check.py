@@ -276,6 +276,8 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json and the logs")
     p.add_argument("--dry-run-cpu", action="store_true", help="run every step on the CPU, smaller (what CI runs)")
     p.add_argument("--arch", default=None, help="model exported and served (default: resnet50; resnet18 in a dry run)")
+    p.add_argument("--bench-seconds", type=float, default=None, help="each load window (default: 8; 2 in a dry run)")
+    p.add_argument("--bench-rounds", type=int, default=None, help="serving rounds (default: 3; 1 in a dry run)")
     args = p.parse_args()
     device = "cpu" if args.dry_run_cpu else "cuda"
     arch = args.arch or ("resnet18" if args.dry_run_cpu else "resnet50")
@@ -303,6 +305,7 @@ def main() -> int:
         report.run("serve with bentoml on the device", lambda: serve_on_device(args.out, fp32["folder"], device))
         # the dry run checks the step works, not the figures: ours alone, briefly
         seconds, rounds, sides = (2, 1, ["ours"]) if args.dry_run_cpu else (8, 3, default_sides(device))
+        seconds, rounds = args.bench_seconds or seconds, args.bench_rounds or rounds
         report.run(
             "serving benchmark", lambda: serving_benchmark(args.out, fp32["folder"], device, seconds, rounds, sides)
         )

@@ -1,34 +1,52 @@
 #!/usr/bin/env bash
-# Prepare, on a machine with internet, the wheels the GPU check needs on a GPU machine without it.
+# Prepare, on a machine with internet, what the GPU check needs on a GPU machine without it.
 #
-#   bash scripts/gpu_wheels.sh            # -> .gpu_wheels/ (cp312, manylinux x86_64), about 400 MB
+#   bash scripts/gpu_wheels.sh     # -> .gpu_wheels/transfer-1 ... transfer-N, each at most 56 MiB
 #
-# The GPU machine already has Python 3.12, torch, torchvision, onnx and onnxscript; it lacks bentoml,
-# onnxruntime-gpu and the smaller packages listed below. Wheels over 56 MiB (onnxruntime-gpu is ~255 MB)
-# are split into NAME.part-aa, -ab, ... so that each fits one 64 MiB transfer; scripts/gpu_check.sh
-# puts them back together there. Transfer the folder's files over as many calls as needed, then run
-# `bash scripts/gpu_check.sh --out DIR` there (see the README, "Checking the GPU path").
+# The GPU machine already has Python 3.12, torch, torchvision, onnx and a CPU-only onnxruntime
+# (scripts/gpu_image_packages.txt lists its packages); it lacks bentoml, onnxruntime-gpu and a few small
+# packages. Only those are kept (~7 MB of wheels). The 255 MB onnxruntime-gpu wheel is unpacked and
+# recompressed with xz (~203 MB: its CUDA kernels are already compressed, so xz gains only a fifth), then
+# cut into parts. Each transfer-K folder fits one 64 MiB transfer with the working tree: carry them one
+# call at a time (the machine keeps ignored files while it stays warm), then run
+# `bash scripts/gpu_check.sh --out DIR` there, which unpacks and installs them (see the README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpu_wheels
-mkdir -p "$dest"
-cat > "$dest/requirements.txt" <<'REQ'
-bentoml>=1.4,<1.5
-onnxruntime-gpu
-safetensors
-scikit-learn
-matplotlib
-tqdm
-pillow
-httpx
-REQ
-python3 -m pip download --quiet --dest "$dest" --only-binary=:all: --implementation cp --python-version 3.12 \
+part_mib=52
+staging="$(mktemp -d -t gpu-wheels-XXXXXX)"
+trap 'rm -rf "$staging"' EXIT
+
+python3 -m pip download --quiet --dest "$staging" --only-binary=:all: --implementation cp --python-version 3.12 \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform any -r "$dest/requirements.txt"
-for wheel in "$dest"/*.whl; do
-  if [ "$(stat -c %s "$wheel")" -gt $((56 * 1024 * 1024)) ]; then
-    split -b 56m "$wheel" "$wheel.part-"
-    rm "$wheel"
-  fi
+  --platform any "bentoml>=1.4,<1.5" onnxruntime-gpu httpx
+
+# Leave out what the image holds; keep the wheels of everything else.
+mkdir -p "$staging/keep"
+for wheel in "$staging"/*.whl; do
+  name="$(basename "$wheel" | cut -d- -f1 | tr '[:upper:]_' '[:lower:]-')"
+  if ! grep -qx -- "$name" scripts/gpu_image_packages.txt; then mv "$wheel" "$staging/keep/"; fi
 done
-ls -l "$dest" | awk '{s += $5} END {printf "gpu_wheels: %d files, %.0f MB in '"$dest"'\n", NR - 1, s / 1e6}'
+
+# onnxruntime-gpu: a tar.xz of the wheel's contents (installed by unpacking it, as pip would), in parts.
+ort="$(ls "$staging"/keep/onnxruntime_gpu-*.whl)"
+mkdir "$staging/ort"
+python3 -m zipfile -e "$ort" "$staging/ort"
+rm "$ort"
+tar -C "$staging/ort" -cf - . | xz -9 -T0 | split -b "${part_mib}m" - "$staging/onnxruntime_gpu.tar.xz.part-"
+
+rm -rf "$dest"
+k=0
+for part in "$staging"/onnxruntime_gpu.tar.xz.part-*; do
+  k=$((k + 1))
+  mkdir -p "$dest/transfer-$k"
+  mv "$part" "$dest/transfer-$k/"
+done
+# The small wheels ride with the last part (the smallest), or on their own when they do not fit.
+last="$dest/transfer-$k"
+if [ $(( $(du -sm "$last" | cut -f1) + $(du -sm "$staging/keep" | cut -f1) )) -gt 56 ]; then
+  last="$dest/transfer-$((k + 1))"
+  mkdir -p "$last"
+fi
+mv "$staging"/keep/*.whl "$last/"
+du -sh "$dest"/transfer-* | sed 's/^/gpu_wheels: /'
