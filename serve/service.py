@@ -127,6 +127,10 @@ class HandoffClassifier:
         for size in CONFIG.batch_buckets():  # so the first real request is not the slow one
             self.runtime(np.zeros((size, *self.input_shape), dtype=np.float32))
 
+    def _padded_batch_sizes(self) -> list[int] | None:
+        """On a GPU, batches run only at the sizes warmed up in _load (see serve/batching.py for why)."""
+        return CONFIG.batch_buckets() if self.runtime.device == "cuda" else None
+
     def __is_ready__(self) -> bool:
         return self.not_ready is None
 
@@ -136,7 +140,9 @@ class HandoffClassifier:
 
     async def _logits(self, batch: np.ndarray) -> np.ndarray:
         if self.batcher is None:  # created on the server's event loop, at the first request
-            self.batcher = ModelBatcher(self.runtime, CONFIG.max_batch_size, CONFIG.max_latency_ms)
+            self.batcher = ModelBatcher(
+                self.runtime, CONFIG.max_batch_size, CONFIG.max_latency_ms, self._padded_batch_sizes()
+            )
         return await self.batcher(batch)
 
     @bentoml.api
@@ -224,7 +230,11 @@ class HandoffClassifier:
             "precision": CONFIG.precision,
             "provider": self.runtime.provider,
             "device": self.runtime.device,
-            "batching": {"max_batch_size": CONFIG.max_batch_size, "max_latency_ms": CONFIG.max_latency_ms},
+            "batching": {
+                "max_batch_size": CONFIG.max_batch_size,
+                "max_latency_ms": CONFIG.max_latency_ms,
+                "padded_to": self._padded_batch_sizes(),
+            },
             "cpu": {"workers": CONFIG.workers, "model_threads": self.model_threads},
         }
 

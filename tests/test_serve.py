@@ -137,6 +137,7 @@ def test_info_and_probes(server, exported):
     assert info["ready"] and info["runtime"] == "onnx"
     assert info["provider"] == "CPUExecutionProvider" and info["device"] == "cpu"
     assert info["cpu"] == {"workers": 1, "model_threads": usable_cores()}
+    assert info["batching"]["padded_to"] is None  # batches are padded on a GPU only
     assert info["model"]["sha256"] == manifest["artifacts"]["model.onnx"]["sha256"]
     assert server.status("/livez") == 200 and server.status("/readyz") == 200
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text

@@ -131,3 +131,34 @@ def test_a_call_larger_than_a_batch_runs_alone_rather_than_stalling_the_queue():
 
     big, small = anyio.run(go)
     assert big.shape == (6, 1) and small.shape == (1, 1) and seen_batches == [6, 1]
+
+
+def test_batches_are_padded_to_the_warmed_sizes_and_the_padding_dropped():
+    """On a GPU every batch runs at one of a few sizes (pad_to): callers still get exactly their own rows."""
+    seen_batches = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        seen_batches.append(len(batch))
+        return batch * 10
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=8, max_latency_ms=5000, pad_to=[1, 2, 4, 8])
+        results = {}
+
+        async def call(i: int, rows: int):
+            results[i] = await batcher(np.full((rows, 3), float(i)))
+
+        async with anyio.create_task_group() as tasks:
+            for i in range(11):
+                tasks.start_soon(call, i, 1 + i % 3)
+        results["alone, three rows"] = await batcher(np.full((3, 3), 7.0))
+        results["larger than any size"] = await batcher(np.full((9, 3), 5.0))
+        return results
+
+    results = anyio.run(go)
+    for i in range(11):
+        np.testing.assert_array_equal(results[i], np.full((1 + i % 3, 3), 10.0 * i))
+    np.testing.assert_array_equal(results["alone, three rows"], np.full((3, 3), 70.0))
+    np.testing.assert_array_equal(results["larger than any size"], np.full((9, 3), 50.0))
+    assert seen_batches[-2:] == [4, 9], seen_batches  # three rows padded to four; nine run as they are
+    assert set(seen_batches[:-1]) <= {1, 2, 4, 8}, seen_batches
