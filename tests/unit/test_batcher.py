@@ -4,6 +4,7 @@ error reaches its batch's callers only, and overload is answered with 503."""
 
 import threading
 import time
+from collections.abc import Callable
 
 import anyio
 import numpy as np
@@ -13,12 +14,19 @@ from bentoml.exceptions import ServiceUnavailable
 from serve.batching import ModelBatcher
 
 
-def test_concurrent_calls_are_batched_and_answered_in_their_own_rows():
-    seen_batches = []
+def _times_ten_model() -> tuple[Callable[[np.ndarray], np.ndarray], list[int]]:
+    """A model that multiplies by ten, and the list of the batch sizes it was called with."""
+    seen_batches: list[int] = []
 
     def model(batch: np.ndarray) -> np.ndarray:
         seen_batches.append(len(batch))
         return batch * 10
+
+    return model, seen_batches
+
+
+def test_concurrent_calls_are_batched_and_answered_in_their_own_rows():
+    model, seen_batches = _times_ten_model()
 
     async def go():
         batcher = ModelBatcher(model, max_batch_size=16, max_latency_ms=5000)
@@ -135,11 +143,7 @@ def test_a_call_larger_than_a_batch_runs_alone_rather_than_stalling_the_queue():
 
 def test_batches_are_padded_to_the_warmed_sizes_and_the_padding_dropped():
     """On a GPU every batch runs at one of a few sizes (pad_to): callers still get exactly their own rows."""
-    seen_batches = []
-
-    def model(batch: np.ndarray) -> np.ndarray:
-        seen_batches.append(len(batch))
-        return batch * 10
+    model, seen_batches = _times_ten_model()
 
     async def go():
         batcher = ModelBatcher(model, max_batch_size=8, max_latency_ms=5000, pad_to=[1, 2, 4, 8])
