@@ -53,7 +53,7 @@ def bare_setup(batch_size: int) -> BareSetup:
     (x_train, y_train), (x_val, y_val) = digits_split()
     size = Preprocessing(crop=32, resize=32)
     dataset = DigitsDataset(x_train, y_train, train_transform(size, 0.5, 0.0))
-    sampler = DistributedSampler(dataset, seed=0, drop_last=True)
+    sampler: DistributedSampler = DistributedSampler(dataset, seed=0, drop_last=True)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
     val_set = DigitsDataset(x_val, y_val, eval_transform(size))
     val_loader = DataLoader(val_set, batch_size=batch_size, sampler=DistributedSampler(val_set, shuffle=False))

@@ -94,7 +94,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir or Path(__file__).resolve().parent))
     sync = Checkpointer(CheckpointConfig(root / "sync", keep_last=1), is_main=True)
     asyn = Checkpointer(CheckpointConfig(root / "async", keep_last=1), is_main=True, async_save=True)
-    rows = {"sync_blocked": [], "async_blocked": [], "async_total": [], "plain_write": []}
+    rows: dict[str, list[float]] = {"sync_blocked": [], "async_blocked": [], "async_total": [], "plain_write": []}
     try:
         for round_ in range(args.rounds + 1):  # round 0 warms the page cache and allocator, not counted
             state["epoch"] = round_ + 1

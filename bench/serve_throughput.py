@@ -94,14 +94,14 @@ def main() -> int:
     model = InProcessModel(folder, args.device)
     rounds: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
-        figures = {"limit": limit_round(model, jpegs)}
+        this_round = {"limit": limit_round(model, jpegs)}
         order = args.sides[round_ % len(args.sides) :] + args.sides[: round_ % len(args.sides)]
         for name in order:
-            figures[name] = measure_service(name, folder, args.device, work / f"{name}{round_}.log", jpegs, args)
-        rounds.append(figures)
+            this_round[name] = measure_service(name, folder, args.device, work / f"{name}{round_}.log", jpegs, args)
+        rounds.append(this_round)
         print(
-            f"round {round_ + 1}/{args.rounds}: limit {figures['limit']['images_per_s']:.1f} images/s, "
-            + ", ".join(f"{n} c=64 {figures[n]['64']['images_per_s']:.1f}" for n in args.sides)
+            f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.1f} images/s, "
+            + ", ".join(f"{n} c=64 {this_round[n]['64']['images_per_s']:.1f}" for n in args.sides)
         )
     median = median_of_rounds(rounds)
     limit = median["limit"]
