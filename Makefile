@@ -32,7 +32,7 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -m "not e2e" -n 0
 
-# Style, import order and formatting (ruff), and types (mypy on the code: train/, export/, serve/, harness/, bench/, scripts/).
+# Style, import order and formatting (ruff), and types (mypy: the folders pyproject.toml lists).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

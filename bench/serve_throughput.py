@@ -42,7 +42,6 @@ CONCURRENCY = (1, 16, 64)
 SERVICES = ("peer_minimal", "peer_batched", "ours", "ours_raw_body", "ours_per_core")
 OURS = ("ours", "ours_raw_body", "ours_per_core")
 CPU_ONLY = ("ours_per_core",)  # one worker per core is a CPU arrangement; on a GPU host it is one per GPU
-
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
 
 

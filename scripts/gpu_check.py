@@ -313,8 +313,9 @@ def main() -> int:
     if fp32:
         report.run("serve with bentoml on the device", lambda: serve_on_device(args.out, fp32["folder"], device))
         # the dry run checks the step works, not the figures: ours alone, briefly
-        seconds, rounds, sides = (2, 1, ["ours"]) if args.dry_run_cpu else (8, 3, default_sides(device))
-        seconds, rounds = args.bench_seconds or seconds, args.bench_rounds or rounds
+        sides = ["ours"] if args.dry_run_cpu else default_sides(device)
+        seconds = args.bench_seconds or (2 if args.dry_run_cpu else 8)
+        rounds = args.bench_rounds or (1 if args.dry_run_cpu else 3)
         report.run(
             "serving benchmark", lambda: serving_benchmark(args.out, fp32["folder"], device, seconds, rounds, sides)
         )

@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpu_wheels
+transfer_mib=56  # a transfer carries 64 MiB with the working tree: room left for the tree
 part_mib=52
 staging="$(mktemp -d -t gpu-wheels-XXXXXX)"
 trap 'rm -rf "$staging"' EXIT
@@ -44,7 +45,7 @@ for part in "$staging"/onnxruntime_gpu.tar.xz.part-*; do
 done
 # The small wheels ride with the last part (the smallest), or on their own when they do not fit.
 last="$dest/transfer-$k"
-if [ $(( $(du -sm "$last" | cut -f1) + $(du -sm "$staging/keep" | cut -f1) )) -gt 56 ]; then
+if [ $(( $(du -sm "$last" | cut -f1) + $(du -sm "$staging/keep" | cut -f1) )) -gt "$transfer_mib" ]; then
   last="$dest/transfer-$((k + 1))"
   mkdir -p "$last"
 fi

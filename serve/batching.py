@@ -11,8 +11,9 @@ On a GPU a batch is padded with zero rows up to the next of a few sizes (`pad_to
 warms up before it reports ready. ONNX Runtime's CUDA provider searches cuDNN's convolution algorithms for
 every new input shape (`cudnn_conv_algo_search` EXHAUSTIVE, its default). Unpadded, on an H200, resnet50 at
 concurrency 16 gave 24 images/s (p50 638 ms) against 112 for a server that never batches: the figures point
-to that search, paid under load by each of the 32 possible batch sizes the first time it came (not profiled). The CPU has no such cost, and padding
-there would compute the zero rows for real, so the CPU runs each batch at its own size.
+to that search, paid under load by each of the 32 possible batch sizes the first time it came (not
+profiled). The CPU has no such cost, and padding there would compute the zero rows for real, so the CPU
+runs each batch at its own size.
 
 Overload: a request is refused at once with 503 when the model cannot finish it within max_latency_ms by
 the measured time per row, or when its turn comes after it has already waited that long.
