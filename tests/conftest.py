@@ -84,6 +84,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under `--dist loadgroup`, pytest-xdist marks each grouped test by a `@group` suffix on its node id. If
+    that suffix is missing, the groups are ignored and every worker would build the costly module fixtures
+    again (a Bento's virtualenv, a served model): fail before they start rather than do twice the work."""
+    if getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group"):
+        if "@" not in item.nodeid:
+            pytest.fail(
+                "pytest-xdist ignores xdist_group under this pytest (pytest-dev/pytest-xdist#1386): "
+                "install the versions pyproject.toml allows (make install)",
+                pytrace=False,
+            )
+
+
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory) -> Path:
     """The digits model trained for 2 epochs and exported: what the serving tests serve."""
