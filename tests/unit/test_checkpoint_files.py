@@ -1,4 +1,5 @@
-"""The Checkpointer's files: pruning keeps the newest epochs by number; writes never go through links."""
+"""The Checkpointer's files: pruning keeps the newest epochs by number; writes never go through links;
+--async-save writes a true snapshot, exactly as a synchronous save writes it."""
 
 from pathlib import Path
 
@@ -50,3 +51,44 @@ def test_a_planted_link_is_replaced_not_written_through(tmp_path: Path):
     finally:
         checkpointer.close()
     assert victim.read_text() == "keep" and not (run / "last.pt").is_symlink()
+
+
+def mixed_tensors(epoch: int) -> dict:
+    """Every kind of tensor a training state holds: weights, bf16, an int64 counter, a flag, an RNG byte
+    state, a 0-dim scalar and an empty tensor."""
+    return {
+        "w": torch.full((3, 5), float(epoch)),
+        "half": torch.full((7,), float(epoch), dtype=torch.bfloat16),
+        "num_batches_tracked": torch.tensor(epoch, dtype=torch.int64),
+        "mask": torch.tensor([True, False, epoch % 2 == 0]),
+        "rng": torch.arange(epoch, epoch + 9, dtype=torch.uint8),
+        "empty": torch.zeros(0, 4),
+    }
+
+
+def test_async_saves_write_the_state_as_it_was_when_save_returned(tmp_path: Path):
+    """The background writer gets a snapshot: changing the tensors right after `save` returns changes nothing
+    written, and each tensor comes back with its own storage, exactly as a synchronous save writes it."""
+    savers = {
+        mode: Checkpointer(CheckpointConfig(tmp_path / mode, keep_last=1), is_main=True, async_save=mode == "async")
+        for mode in ("sync", "async")
+    }
+    try:
+        for epoch in (1, 2, 3):
+            saved = state(epoch)
+            saved["model"] = mixed_tensors(epoch)
+            for checkpointer in savers.values():
+                checkpointer.save(saved, epoch_done=True, is_best=epoch == 2)
+            for tensor in saved["model"].values():
+                tensor.fill_(77)  # training goes on while the write is in flight
+    finally:
+        for checkpointer in savers.values():
+            checkpointer.close()
+    for name in ("last.pt", "best.pt"):
+        written, reference = load(tmp_path / "async" / name), load(tmp_path / "sync" / name)
+        assert written["epoch"] == reference["epoch"] == (3 if name == "last.pt" else 2)
+        for key, expected in mixed_tensors(written["epoch"]).items():
+            got = written["model"][key]
+            assert got.dtype == expected.dtype and torch.equal(got, expected), key
+            assert got.untyped_storage().nbytes() == got.nbytes, f"{key}: saved as a view of a larger storage"
+    assert (tmp_path / "async" / "last.pt").stat().st_size == (tmp_path / "sync" / "last.pt").stat().st_size
