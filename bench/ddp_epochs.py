@@ -59,8 +59,9 @@ def loop_sides(s: BareSetup) -> dict[str, Callable[[], int]]:
 def checkpoint_sides(
     s: BareSetup, every: int, folder: Path, blocked: dict[str, dict[str, float]]
 ) -> tuple[dict[str, Callable[[], int]], list[Checkpointer]]:
-    """The three sides; `blocked[side]` collects the saves made and the seconds the loop waited on them
-    (`save()` plus the wait for the last write at the epoch's end)."""
+    """The three sides; `blocked[side]` collects the saves made, the seconds the loop waited on them (`save()`
+    plus the wait for the last write at the epoch's end), and the CPU seconds the loop's own thread spent in
+    them: for sync the whole write, for async the snapshot copy alone."""
     is_main = dist.get_rank() == 0
     savers = {
         "sync": Checkpointer(CheckpointConfig(folder / "sync", keep_last=2), is_main),
@@ -72,10 +73,11 @@ def checkpoint_sides(
         saver = savers[side]
 
         def waited(call: Callable[[], None]) -> None:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             call()
-            totals = blocked.setdefault(side, {"saves": 0, "blocked_s": 0.0})
+            totals = blocked.setdefault(side, {"saves": 0, "blocked_s": 0.0, "cpu_s": 0.0})
             totals["blocked_s"] += time.perf_counter() - started
+            totals["cpu_s"] += time.thread_time() - cpu_started
 
         def on_step(step: int) -> None:
             if step % every == 0:
