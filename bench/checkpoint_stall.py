@@ -87,6 +87,7 @@ def main() -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--every", type=int, default=4, help="under load: steps between saves (5 per digits epoch)")
     p.add_argument("--dir", default=None, help="where to write (default: a temporary folder on the project's disk)")
+    p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     args = p.parse_args()
     device = torch.device(args.device)
     state = resnet50_state(device)
@@ -170,6 +171,7 @@ def main() -> int:
             "goal": "under load, epoch time with async saves / with no save <= 1.05",
             "goal_met": goal_met,
         },
+        folder=args.results_dir,
     )
     return 0
 

@@ -1,4 +1,5 @@
-"""Launch 2-process torchrun jobs for the trainer benchmarks (bench/trainer_overhead.py, bench/checkpoint_stall.py)."""
+"""Launch 2-process torchrun jobs for the trainer benchmarks (bench/trainer_overhead.py, bench/checkpoint_stall.py);
+on CUDA, one process per GPU, at most 2 (NCCL wants a GPU of its own for each process)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 NPROC = 2
 
@@ -16,7 +19,8 @@ NPROC = 2
 def torchrun(device: str) -> tuple[list[str], dict[str, str]]:
     """The torchrun command line and environment: gloo with the GPUs hidden on `cpu`, NCCL on `cuda`."""
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC)]
+    nproc = NPROC if device == "cpu" else max(1, min(NPROC, torch.cuda.device_count()))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     return cmd, env
 
 
