@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command (at most ~9 minutes on one GPU): see scripts/gpu_check.py for the steps.
+# The GPU check in one command (at most ~8 minutes on one GPU): see scripts/gpu_check.py for the steps.
 #
 #   bash scripts/gpu_check.sh [--out DIR] [--dry-run-cpu] [other options of scripts/gpu_check.py]
 #
