@@ -65,7 +65,7 @@ def main() -> int:
     for round_ in range(args.rounds):
         figures: dict = {}
         for precision in ("fp32", "int8"):
-            figures[f"{precision}_limit"] = limit_round(models[precision], jpegs)
+            figures[f"{precision}_limit"] = limit_round(models[precision], jpegs, args.seconds)
             with BentoServer(
                 work / f"{precision}{round_}.log", HANDOFF_MODEL_DIR=str(folder), HANDOFF_PRECISION=precision
             ) as server:

@@ -93,7 +93,7 @@ def main() -> int:
     model = InProcessModel(folder, args.device)
     rounds: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
-        this_round = {"limit": limit_round(model, jpegs)}
+        this_round = {"limit": limit_round(model, jpegs, args.seconds)}
         order = args.sides[round_ % len(args.sides) :] + args.sides[: round_ % len(args.sides)]
         for name in order:
             this_round[name] = measure_service(name, folder, args.device, work / f"{name}{round_}.log", jpegs, args)
