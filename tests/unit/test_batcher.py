@@ -108,6 +108,42 @@ def test_what_queues_while_the_model_runs_is_the_next_batch_and_a_caller_that_le
     assert seen_batches == [[0.0], [1.0, 2.0, 3.0, 4.0], [5.0, 6.0]], seen_batches
 
 
+def test_the_next_batch_starts_before_the_answers_of_the_last_are_handled():
+    """Answering a batch (in the server: sending each answer down the middlewares) occupies the event loop; the
+    model must not wait for it. Here the first caller blocks the loop for 0.3 s once answered."""
+    release = threading.Event()
+    started_at: list[float] = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        started_at.append(time.monotonic())
+        release.wait(10)
+        return batch
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=4, max_latency_ms=10_000)
+        answered_at = {}
+
+        async def call(i: int):
+            await batcher(np.full((1, 1), float(i)))
+            if i == 0:
+                time.sleep(0.3)  # the loop is busy: nothing else on it runs meanwhile
+            answered_at[i] = time.monotonic()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(call, 0)
+            while not started_at:
+                await anyio.sleep(0.01)
+            for i in range(1, 4):
+                tasks.start_soon(call, i)
+            await anyio.sleep(0.05)
+            release.set()
+        return answered_at
+
+    answered_at = anyio.run(go)
+    assert len(started_at) == 2, started_at
+    assert started_at[1] < answered_at[0] - 0.2, "the second batch waited for the first batch's answers"
+
+
 def test_a_model_error_fails_its_batch_only():
     def model(batch: np.ndarray) -> np.ndarray:
         if (batch < 0).any():
