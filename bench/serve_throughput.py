@@ -4,8 +4,8 @@
 
 Model: resnet18 at 224 px, 1000 classes, random weights, exported by `python -m export` (or --export DIR).
 Sides, each given the whole machine in turn (one server at a time: an idle BentoML server still takes CPU):
-- limit: bench/limit.py, no HTTP: the service's preprocessing and session settings, the best of serial,
-  overlapped (thread-pool) decoding and one lane per core, at the best batch size;
+- limit: bench/limit.py, no HTTP: the service's preprocessing and session settings; the fastest of serial,
+  overlapped (thread-pool) decoding and one lane per core over batch sizes 1-32, timed again for --seconds;
 - peer_minimal: bench/peer/minimal.py, a synchronous endpoint, one model call per request;
 - peer_batched: bench/peer/batched.py, what BentoML's adaptive-batching guide leads to (`batchable=True`,
   async), with our preprocessing and session settings;
