@@ -101,6 +101,13 @@ def _batches(jpegs: list[bytes], size: int, images: int, lanes: int) -> list[lis
     return [[jpegs[(i * size + j) % len(jpegs)] for j in range(size)] for i in range(count)]
 
 
+def _throughput(work: Callable[[list[list[bytes]]], None], batches: list[list[bytes]]) -> dict[str, float]:
+    """Images per second and CPU ms per image of `work` over `batches`."""
+    wall, cpu = _timed(work, batches)
+    count = sum(len(batch) for batch in batches)
+    return {"images_per_s": count / wall, "cpu_ms_per_image": 1000 * cpu / count}
+
+
 def limit_round(model: InProcessModel, jpegs: list[bytes], seconds: float, images: int = 96) -> dict[str, Any]:
     """One round: images/s and CPU ms per image for every arrangement and batch size (the sweep), the fastest
     timed again for `seconds` (the round's limit), and the single-image time (decode + preprocess + batch of 1,
@@ -114,21 +121,16 @@ def limit_round(model: InProcessModel, jpegs: list[bytes], seconds: float, image
         batches = _batches(jpegs, size, images, lanes)
         for name, arrangement in arrangements.items():
             arrangement(batches[:1])  # warm this batch size
-            wall, cpu = _timed(arrangement, batches)
-            count = len(batches) * size
-            by_arrangement[name][size] = {"images_per_s": count / wall, "cpu_ms_per_image": 1000 * cpu / count}
+            by_arrangement[name][size] = _throughput(arrangement, batches)
     best_name, best_size = max(
         ((name, size) for name, rows in by_arrangement.items() for size in rows),
         key=lambda key: by_arrangement[key[0]][key[1]]["images_per_s"],
     )
     swept = by_arrangement[best_name][best_size]["images_per_s"]
-    batches = _batches(jpegs, best_size, int(swept * seconds), lanes)
-    wall, cpu = _timed(arrangements[best_name], batches)
-    count = len(batches) * best_size
+    limit = _throughput(arrangements[best_name], _batches(jpegs, best_size, int(swept * seconds), lanes))
     single = [_timed(model.serial, [[jpegs[i % len(jpegs)]]])[0] for i in range(30)]
     return {
-        "images_per_s": count / wall,
-        "cpu_ms_per_image": 1000 * cpu / count,
+        **limit,
         "best": f"{best_name}, batch {best_size}",
         "best_in_sweep_images_per_s": swept,
         "single_image_ms": 1000 * statistics.median(single),
