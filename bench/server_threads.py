@@ -56,10 +56,9 @@ def server_side(folder: Path, client: str, concurrency: int, seconds: float, log
         before = thread_cpu(worker)
         result = load(client, server.url, server.proc.pid, make_jpegs(), concurrency, seconds, raw=True)
         after = thread_cpu(worker)
-    images = result["images_per_s"] * seconds
     return {
         "images_per_s": result["images_per_s"],
-        "threads": per_image_ms(before, after, images, {worker: "event loop"}),
+        "threads": per_image_ms(before, after, result["answered"], {worker: "event loop"}),
     }
 
 

@@ -1,0 +1,40 @@
+"""The serving benchmarks' throughput (bench/load.py, steady_rate): the slope of answers against time, which a
+batching server's waves of answers and the window's edges do not move the way they move a plain count."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ is scripts, not an installed package
+from bench.load import RAMP_S, steady_rate  # noqa: E402
+
+BATCH, PERIOD, SPACING = 32, 0.68, 0.0013  # a batch of 32 answered every 0.68 s, one answer per 1.3 ms
+TRUE_RATE = BATCH / PERIOD
+
+
+def waves(first: float, end: float) -> list[float]:
+    """Answer times of a server answering a batch at a time, the first batch at `first`, cut at `end`."""
+    starts = np.arange(first, end, PERIOD)
+    times = (starts[:, None] + SPACING * np.arange(BATCH)[None, :]).ravel()
+    return sorted(float(t) for t in times if t < end)
+
+
+def test_the_slope_holds_wherever_the_window_cuts_the_waves():
+    whole_window_errors = []
+    for first in np.linspace(0.8, 0.8 + PERIOD, 12, endpoint=False):  # the pipeline fills before the first wave
+        answers = waves(first, end=8.0)
+        assert abs(steady_rate(answers, started=0.0) / TRUE_RATE - 1) < 0.01
+        whole_window_errors.append(abs(len(answers) / 8.0 / TRUE_RATE - 1))
+    assert max(whole_window_errors) > 0.05  # what a count over the window would have reported
+
+
+def test_answers_in_the_ramp_do_not_count():
+    steady = waves(RAMP_S + 0.1, end=8.0)
+    burst = list(np.linspace(0.0, RAMP_S * 0.9, 200))  # e.g. the warm-up's backlog answered at once
+    assert abs(steady_rate(burst + steady, started=0.0) / steady_rate(steady, started=0.0) - 1) < 1e-9
+
+
+def test_no_rate_without_two_answers_after_the_ramp():
+    assert steady_rate([], started=0.0) == 0.0
+    assert steady_rate([0.1, 0.2, RAMP_S + 1], started=0.0) == 0.0
