@@ -129,6 +129,10 @@ def main() -> int:
         ratios[f"{name}_server_cpu_over_limit_cpu_c64"] = (
             median[name]["64"]["server_cpu_ms_per_image"] / limit["cpu_ms_per_image"]
         )
+    for name in args.sides:  # the figure before the steady rate (bench/load.py): answers / window, ramp included
+        ratios[f"{name}_whole_window_over_limit_c64"] = (
+            median[name]["64"]["images_per_s_whole_window"] / limit["images_per_s"]
+        )
     for key, value in ratios.items():
         print(f"  {key:<40} {value:5.2f} x")
     figures: dict[str, str] = {"client": args.client}
