@@ -15,7 +15,7 @@ shares the cores.
 
 Throughput is the steady rate: the least-squares slope of answers against time, after the first RAMP_S seconds.
 Answers counted over the whole window and divided by its length (kept as `images_per_s_whole_window`) are
-off twice for a batching server: its answers come in waves, a batch at a time (32 every ~0.7 s at c=64 here),
+off twice for a batching server: its answers come in waves, a batch at a time (32 every 0.6-0.7 s at c=64 here),
 so where the window's end falls in that cycle moves the count by up to a batch (simulated: 3.6% standard
 deviation over 8 s, against 0.1% for the slope); and the window starts with nothing in flight, so the first
 wave comes only after the pipeline has filled.
