@@ -8,8 +8,9 @@ the digits, batch 32 per process, SGD with weight decay 1e-4), and the sides alt
 drift of the machine hits them alike. A side's time runs from a barrier to a barrier, over --epochs epochs.
 - loop: the trainer's own `train_one_epoch` (train/main.py) against the bare loop; steps per second.
 - checkpoint: the bare loop with no save, with the trainer's Checkpointer saving the model and optimizer every
-  --every steps synchronously, and asynchronously (--async-save); time per epoch, and on rank 0 how long the
-  loop waited on the saves.
+  --every steps synchronously, and asynchronously (--async-save), and with two reference savers
+  (bench/save_floors.py): a control that saves nothing, and the raw bytes written asynchronously; time per
+  epoch, and on rank 0 how long the loop waited on the saves.
 Rank 0 writes the per-round times to --out as JSON.
 """
 
@@ -28,6 +29,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bare_ddp import BareSetup, bare_epoch, bare_setup  # noqa: E402
+from bench.save_floors import ControlSaver, RawBytesSaver  # noqa: E402
 from train import distributed  # noqa: E402
 from train.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
 from train.lifecycle import StopRequest  # noqa: E402
@@ -56,14 +58,19 @@ def loop_sides(s: BareSetup) -> dict[str, Callable[[], int]]:
     return {"bare": lambda: bare_epoch(s), "ours": ours}
 
 
+Saver = Checkpointer | ControlSaver | RawBytesSaver
+
+
 def checkpoint_sides(
     s: BareSetup, every: int, folder: Path, blocked: dict[str, dict[str, float]]
-) -> tuple[dict[str, Callable[[], int]], list[Checkpointer]]:
-    """The three sides; `blocked[side]` collects the saves made, the seconds the loop waited on them (`save()`
-    plus the wait for the last write at the epoch's end), and the CPU seconds the loop's own thread spent in
-    them: for sync the whole write, for async the snapshot copy alone."""
+) -> tuple[dict[str, Callable[[], int]], list[Saver]]:
+    """The sides: no save, then every saver; `blocked[side]` collects the saves made, the seconds the loop waited
+    on them (`save()` plus the wait for the last write at the epoch's end), and the CPU seconds the loop's own
+    thread spent in them: for sync the whole write, for async the snapshot copy alone."""
     is_main = dist.get_rank() == 0
-    savers = {
+    savers: dict[str, Saver] = {
+        "control": ControlSaver(),
+        "raw_bytes": RawBytesSaver(folder / "raw_bytes", is_main),
         "sync": Checkpointer(CheckpointConfig(folder / "sync", keep_last=2), is_main),
         "async": Checkpointer(CheckpointConfig(folder / "async", keep_last=2), is_main, async_save=True),
     }
@@ -99,7 +106,7 @@ def checkpoint_sides(
 
         return run
 
-    sides = {"no_save": lambda: bare_epoch(s), "sync": saving_every_k("sync"), "async": saving_every_k("async")}
+    sides = {"no_save": lambda: bare_epoch(s), **{side: saving_every_k(side) for side in savers}}
     return sides, list(savers.values())
 
 
@@ -114,7 +121,7 @@ def main() -> None:
     args = p.parse_args()
     s = bare_setup(args.batch_size)
     with tempfile.TemporaryDirectory(prefix="ddp-epochs-", dir=args.out.parent) as folder:
-        savers: list[Checkpointer] = []
+        savers: list[Saver] = []
         blocked: dict[str, dict[str, float]] = {}  # checkpoint: per side, what the loop waited on its saves
         if args.compare == "loop":
             sides = loop_sides(s)

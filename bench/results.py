@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -36,6 +37,15 @@ def median_of_rounds(rounds: list[Any]) -> Any:
     if isinstance(first, (int, float)) and not isinstance(first, bool):
         return statistics.median(rounds)
     return first if all(r == first for r in rounds) else list(rounds)
+
+
+def median_with_interval(values: list[float], level: float = 0.9, resamples: int = 2000) -> tuple[float, float, float]:
+    """The median of `values` and a bootstrap interval around it (percentiles of the medians of `resamples`
+    resamples drawn with replacement; a fixed seed, so a result file is reproducible from its rounds)."""
+    draw = random.Random(0)
+    medians = sorted(statistics.median(draw.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return statistics.median(values), medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]
 
 
 def write_result(name: str, figures: dict[str, Any], folder: Path | None = None) -> Path:
