@@ -199,6 +199,12 @@ def main() -> int:
             "seconds": median,
             "ratios": ratios,
             "under_load": {**load, "every": args.every},
+            "figures": {
+                f"under load, {side} over no save: 90% bootstrap interval; ratio of the medians": (
+                    f"{paired['interval_90'][0]:.3f}-{paired['interval_90'][1]:.3f}; {paired['ratio_of_medians']:.3f} x"
+                )
+                for side, paired in load["over_no_save"].items()
+            },
             "goal": "under load, epoch time with async saves / with no save beside it <= 1.05 (median of rounds)",
             "goal_met": goal_met,
         },

@@ -125,14 +125,12 @@ def main() -> int:
         for ours in (n for n in OURS if n in args.sides):
             for peer in (p for p in PEERS if p in args.sides):
                 ratios[f"{ours}_over_{peer}_c{c}"] = median[ours][c]["images_per_s"] / median[peer][c]["images_per_s"]
-    for name in args.sides:  # the serving stack's CPU per image against the model's alone (the client aside)
-        ratios[f"{name}_server_cpu_over_limit_cpu_c64"] = (
-            median[name]["64"]["server_cpu_ms_per_image"] / limit["cpu_ms_per_image"]
-        )
-    for name in args.sides:  # the figure before the steady rate (bench/load.py): answers / window, ramp included
-        ratios[f"{name}_whole_window_over_limit_c64"] = (
-            median[name]["64"]["images_per_s_whole_window"] / limit["images_per_s"]
-        )
+    for name in args.sides:
+        at_64 = median[name]["64"]
+        # the serving stack's CPU per image against the model's alone (the client aside)
+        ratios[f"{name}_server_cpu_over_limit_cpu_c64"] = at_64["server_cpu_ms_per_image"] / limit["cpu_ms_per_image"]
+        # the figure before the steady rate (bench/load.py): answers / window, ramp included
+        ratios[f"{name}_whole_window_over_limit_c64"] = at_64["images_per_s_whole_window"] / limit["images_per_s"]
     for key, value in ratios.items():
         print(f"  {key:<40} {value:5.2f} x")
     figures: dict[str, str] = {"client": args.client}
