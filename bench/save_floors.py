@@ -5,24 +5,25 @@ costs the epoch can be read against what no saver could avoid. Both have the Che
 - ControlSaver saves nothing: the epoch still builds the state dicts and makes the collective, so its figure
   is the measurement's own floor (an A/A test: anything it shows above 1.0 is noise or harness).
 - RawBytesSaver is the cheapest asynchronous writer of the same bytes: the snapshot into kept buffers (as the
-  Checkpointer's), then the tensors' raw bytes written by a background thread at the lowest priority, fsynced
-  and renamed into place. No format, no CRC, no metadata, so it cannot be loaded; it prices the copy and the I/O
-  alone, which any async checkpointer (DCP's async_save included) also pays.
+  Checkpointer's), then the tensors' raw bytes written by a background thread at the lowest priority the way
+  the Checkpointer writes (over a retired file, fsynced, renamed into place; train/files.py). No format, no
+  CRC, no metadata, so it cannot be loaded; it prices the copy and the I/O alone, which any async checkpointer
+  (DCP's async_save included) also pays.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from train import distributed
 from train.background import background_executor
 from train.checkpoint.writing import SnapshotBuffers
+from train.files import Spare, publish
 
 
 def tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -57,6 +58,7 @@ class RawBytesSaver:
         self.folder = folder
         self.is_main = is_main
         self._snapshots = SnapshotBuffers()
+        self._spare = Spare(folder)
         self._writer = background_executor("raw-bytes") if is_main else None
         self._in_flight: Future | None = None
         if is_main:
@@ -72,13 +74,13 @@ class RawBytesSaver:
         distributed.broadcast_object(None)
 
     def _write(self, snapshot: dict[str, Any]) -> None:
-        tmp = self.folder / ".last.bin.tmp"
-        with open(tmp, "wb") as f:
+        def write(f: IO[bytes]) -> None:
             for tensor in tensors(snapshot):
                 f.write(tensor.numpy().data.cast("B"))  # the bytes themselves, no copy on the way
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.folder / "last.bin")
+
+        target, spare = self.folder / "last.bin", self._spare.take()
+        self._spare.keep_before_replace(target)
+        publish(target, write, reuse=spare)  # as the Checkpointer writes: in place over a retired file, fsynced
 
     def wait(self) -> None:
         if self._in_flight is not None:
@@ -89,3 +91,4 @@ class RawBytesSaver:
         self.wait()
         if self._writer is not None:
             self._writer.shutdown(wait=True)
+        self._spare.drop()

@@ -48,13 +48,18 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def publish(target: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Have `write` fill a fresh temporary beside `target`, then rename it over `target` and fsync the folder."""
-    tmp = tmp_name(target)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+def publish(target: Path, write: Callable[[IO[bytes]], None], reuse: Path | None = None) -> None:
+    """Have `write` fill a fresh temporary beside `target` (or, given `reuse`, a spare file of ours written over in
+    place; see Spare), then rename it over `target` and fsync the folder."""
+    opened = _open_spare(reuse) if reuse is not None else None
+    if opened is None:
+        fresh = tmp_name(target)
+        opened = fresh, os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    tmp, fd = opened
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+            f.truncate()  # a reused file may have been longer
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -62,6 +67,74 @@ def publish(target: Path, write: Callable[[IO[bytes]], None]) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(target.parent)
+
+
+def _open_spare(spare: Path) -> tuple[Path, int] | None:
+    """The spare opened for writing in place, if it is still a regular file that no other name links to (so
+    writing over it cannot touch a published checkpoint); else its name is dropped and None."""
+    try:
+        fd = os.open(spare, os.O_WRONLY | os.O_NOFOLLOW)
+    except OSError:
+        fd = None
+    if fd is not None:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+            return spare, fd
+        os.close(fd)
+    spare.unlink(missing_ok=True)
+    return None
+
+
+class Spare:
+    """At most one retired file of the run folder, kept under a temporary name to be written over by the next save.
+
+    Writing a checkpoint into a fresh file and freeing the one it retires costs the machine far more than
+    writing over a file whose blocks and cached pages already exist (90 MB: 35-60 ms of CPU against 15-18 ms
+    here, the block allocation, the freeing and the discard): PostgreSQL recycles its WAL segments for the same
+    reason. Only a file no other name links to is kept or written into, so a published checkpoint (last.pt and
+    best.pt are hard links to epoch files) is never touched. The name carries TMP_MARK, so a spare left by a
+    killed job is removed with the other temporaries when the next one starts.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._path: Path | None = None
+
+    def take(self) -> Path | None:
+        """The spare to write the next save into (publish's `reuse`), if there is one; it is no longer kept."""
+        path, self._path = self._path, None
+        return path
+
+    def retire(self, path: Path) -> None:
+        """Remove `path` from the folder, keeping its file as the spare when there is none and no other name
+        links to it."""
+        if self._path is None and _alone(path):
+            self._path = tmp_name(self.folder / "spare")
+            os.rename(path, self._path)
+        else:
+            path.unlink(missing_ok=True)
+
+    def keep_before_replace(self, path: Path) -> None:
+        """Called before `path` is renamed over: link its file to a spare name, so that it is kept rather than
+        freed. Should the replacement fail, the spare still shares the file with `path` and is never written."""
+        if self._path is None and _alone(path):
+            spare = tmp_name(self.folder / "spare")
+            os.link(path, spare, follow_symlinks=False)
+            self._path = spare
+
+    def drop(self) -> None:
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+            self._path = None
+
+
+def _alone(path: Path) -> bool:
+    """A regular file (not a link planted there) that no other name links to."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
 
 
 def publish_link(source: Path, target: Path) -> None:

@@ -1,6 +1,8 @@
 """The Checkpointer's files: pruning keeps the newest epochs by number; writes never go through links;
---async-save writes a true snapshot, exactly as a synchronous save writes it."""
+--async-save writes a true snapshot, exactly as a synchronous save writes it; a retired file is written over by
+a later save, a published one never."""
 
+import io
 from pathlib import Path
 
 import torch
@@ -92,3 +94,57 @@ def test_async_saves_write_the_state_as_it_was_when_save_returned(tmp_path: Path
             assert got.dtype == expected.dtype and torch.equal(got, expected), key
             assert got.untyped_storage().nbytes() == got.nbytes, f"{key}: saved as a view of a larger storage"
     assert (tmp_path / "async" / "last.pt").stat().st_size == (tmp_path / "sync" / "last.pt").stat().st_size
+
+
+def big_state(epoch: int, numel: int) -> dict:
+    saved = state(epoch)
+    saved["model"] = {"w": torch.full((numel,), float(epoch))}
+    return saved
+
+
+def test_a_pruned_epoch_file_is_written_over_by_a_later_save(tmp_path: Path):
+    """Recycling (train/files.py, Spare): the file a prune retires takes the next save in place, even a smaller
+    one (truncated to its own length), and the checkpoint reads back exactly, its CRCs checked."""
+    checkpointer = Checkpointer(CheckpointConfig(tmp_path, keep_last=1), is_main=True)
+    try:
+        checkpointer.save(big_state(1, 50_000), epoch_done=True, is_best=False)
+        first_inode = (tmp_path / "epoch_0001.pt").stat().st_ino
+        checkpointer.save(big_state(2, 50_000), epoch_done=True, is_best=False)  # prunes epoch 1: the spare
+        checkpointer.save(big_state(3, 1_000), epoch_done=True, is_best=False)
+        assert (tmp_path / "epoch_0003.pt").stat().st_ino == first_inode
+    finally:
+        checkpointer.close()
+    assert torch.equal(load(tmp_path / "last.pt")["model"]["w"], torch.full((1_000,), 3.0))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".pt")) == ["epoch_0003.pt", "last.pt"]
+    assert not [p for p in tmp_path.iterdir() if ".tmp." in p.name], "close() leaves no spare behind"
+
+
+def test_a_published_checkpoint_is_never_written_over(tmp_path: Path):
+    """best.pt keeps a pruned epoch file alive, and a failed save leaves last.pt linked to the spare it would have
+    become: neither is ever taken as a spare."""
+    checkpointer = Checkpointer(CheckpointConfig(tmp_path, keep_last=1), is_main=True)
+    try:
+        checkpointer.save(big_state(1, 5_000), epoch_done=True, is_best=True)
+        for epoch in (2, 3, 4):
+            checkpointer.save(big_state(epoch, 5_000), epoch_done=True, is_best=False)
+    finally:
+        checkpointer.close()
+    assert torch.equal(load(tmp_path / "best.pt")["model"]["w"], torch.full((5_000,), 1.0))
+
+    steps = Checkpointer(CheckpointConfig(tmp_path / "steps", keep_last=0), is_main=True)
+    try:
+        steps.save(big_state(1, 5_000), epoch_done=False, is_best=False)
+        with open(tmp_path / "steps" / "last.pt", "rb") as first:  # the file itself, whatever names it later
+            failing = big_state(2, 5_000)
+            failing["unpicklable"] = lambda: None
+            try:
+                steps.save(failing, epoch_done=False, is_best=False)
+            except Exception:  # noqa: BLE001 - pickling a lambda fails; what matters is what the disk holds
+                pass
+            steps.save(big_state(3, 5_000), epoch_done=False, is_best=False)
+            steps.save(big_state(4, 5_000), epoch_done=False, is_best=False)
+            first_bytes = first.read()
+    finally:
+        steps.close()
+    assert torch.load(io.BytesIO(first_bytes), weights_only=True)["epoch"] == 1
+    assert load(tmp_path / "steps" / "last.pt")["epoch"] == 4

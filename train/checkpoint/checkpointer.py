@@ -18,7 +18,7 @@ from train.checkpoint.errors import CheckpointError, CheckpointWriteError
 from train.checkpoint.lock import lock_run_folder
 from train.checkpoint.reading import load
 from train.checkpoint.writing import SnapshotBuffers, _reason, atomic_save, state_to_cpu
-from train.files import TMP_MARK, UnsafeRunFolder, check_run_folder, publish_link
+from train.files import TMP_MARK, Spare, UnsafeRunFolder, check_run_folder, publish_link
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class Checkpointer:
         self._writer = background_executor("checkpoint") if async_save and is_main else None
         self._in_flight: Future | None = None
         self._snapshots = SnapshotBuffers()
+        self._spare = Spare(cfg.folder)  # a retired checkpoint file, written over by the next save
         self._lock: IO[str] | None = None
         self._saved: str | None = None  # what this job last saved, for the error message of a failed save
         if is_main:
@@ -139,6 +140,7 @@ class Checkpointer:
         finally:
             if self._writer is not None:
                 self._writer.shutdown(wait=True)
+            self._spare.drop()
             if self._lock is not None:
                 self._lock.close()  # releases the flock
                 self._lock = None
@@ -156,14 +158,17 @@ class Checkpointer:
 
     def _publish_all(self, state: dict[str, Any], epoch_done: bool, is_best: bool) -> None:
         folder = self.cfg.folder
+        spare = self._spare.take()
         if epoch_done and self.cfg.keep_last > 0:
             primary = folder / EPOCH_PATTERN.format(state["epoch"])
-            atomic_save(state, primary)
+            atomic_save(state, primary, reuse=spare)
             publish_link(primary, self.last)
         else:
             primary = self.last
-            atomic_save(state, primary)
+            self._spare.keep_before_replace(primary)
+            atomic_save(state, primary, reuse=spare)
         if is_best:
+            self._spare.keep_before_replace(folder / BEST)
             publish_link(primary, folder / BEST)
         if epoch_done:
             self._prune()
@@ -173,7 +178,7 @@ class Checkpointer:
         """Keep the newest keep_last epoch files, by epoch number (as strings, epoch_10000 < epoch_9999)."""
         epoch_files = sorted(self.cfg.folder.glob(EPOCH_PATTERN.replace("{:04d}", "[0-9]*")), key=_epoch_number)
         for old in epoch_files[: max(0, len(epoch_files) - self.cfg.keep_last)]:
-            old.unlink(missing_ok=True)
+            self._spare.retire(old)
 
 
 def _epoch_number(path: Path) -> int:

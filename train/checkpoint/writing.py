@@ -30,8 +30,9 @@ class _WriteErrorKeeper:
         self.file.flush()
 
 
-def atomic_save(obj: Any, target: Path) -> None:
-    """torch.save to a fresh temporary file beside `target`, fsync, then rename over it (train/files.py)."""
+def atomic_save(obj: Any, target: Path, reuse: Path | None = None) -> None:
+    """torch.save to a fresh temporary file beside `target` (or over the spare `reuse`), fsync, then rename over
+    it (train/files.py)."""
 
     def write(f: IO[bytes]) -> None:
         keeper = _WriteErrorKeeper(f)
@@ -42,7 +43,7 @@ def atomic_save(obj: Any, target: Path) -> None:
                 raise keeper.error from None
             raise
 
-    publish(target, write)
+    publish(target, write, reuse)
 
 
 def state_to_cpu(obj: Any) -> Any:
