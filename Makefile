@@ -46,7 +46,7 @@ soak: install
 # Every benchmark writes bench/results/<name>_<device>.json; BENCHMARKS.md is regenerated from them.
 # The serving benchmarks load the service with wrk where it is installed (apt-get install wrk), else httpx.
 bench: install
-	$(BIN)/python bench/checkpoint_stall.py --rounds 15
+	$(BIN)/python bench/checkpoint_stall.py --rounds 30
 	$(BIN)/python bench/serve_throughput.py --seconds 8 --rounds 5
 	$(BIN)/python bench/server_threads.py
 	$(BIN)/python bench/export_time.py --rounds 3

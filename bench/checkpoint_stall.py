@@ -1,6 +1,6 @@
 """What a checkpoint costs training: synchronous against --async-save, alone and under load.
 
-    python bench/checkpoint_stall.py [--rounds 15] [--device cpu|cuda] [--every 4]
+    python bench/checkpoint_stall.py [--rounds 30] [--device cpu|cuda] [--every 4]
 
 State: resnet50 weights plus SGD momentum (~200 MB), saved by the trainer's own Checkpointer.
 Reported, medians over rounds taken side by side (sync, async, plain write interleaved, so the shared
