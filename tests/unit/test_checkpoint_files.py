@@ -3,6 +3,7 @@
 a later save, a published one never."""
 
 import io
+import os
 from pathlib import Path
 
 import torch
@@ -148,3 +149,26 @@ def test_a_published_checkpoint_is_never_written_over(tmp_path: Path):
         steps.close()
     assert torch.load(io.BytesIO(first_bytes), weights_only=True)["epoch"] == 1
     assert load(tmp_path / "steps" / "last.pt")["epoch"] == 4
+
+
+def test_a_spare_never_follows_a_link(tmp_path: Path):
+    """A symlink where a spare or a retired file should be is dropped, never written through: the file it points
+    at keeps its bytes, and the save lands in a fresh file."""
+    from train.files import Spare, publish
+
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not ours")
+    run = tmp_path / "run"
+    run.mkdir()
+
+    planted = run / "epoch_0001.pt"
+    planted.symlink_to(outside)
+    spare = Spare(run)
+    spare.retire(planted)  # a link is not a file of ours to keep
+    assert spare.take() is None and not planted.is_symlink()
+
+    planted_spare = run / ".spare.tmp.planted"
+    planted_spare.symlink_to(outside)
+    publish(run / "last.bin", lambda f: f.write(b"checkpoint"), reuse=planted_spare)
+    assert (run / "last.bin").read_bytes() == b"checkpoint" and not (run / "last.bin").is_symlink()
+    assert outside.read_bytes() == b"not ours" and not os.path.lexists(planted_spare)
