@@ -11,6 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+# Under xdist the workers' trainers, exporters and servers run side by side: with torch's default of one OpenMP
+# thread per core in each, they oversubscribe the cores and spin-wait (two 2-epoch trainers side by side here:
+# 59.5 s with 2 threads each, 23.4 s with 1). Set before torch is imported; every process a test starts inherits
+# it, and torchrun already sets 1 for its ranks. Runs that pin threads themselves (the service) are unaffected.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
 import httpx
 import pytest
 import torch

@@ -19,7 +19,9 @@ def test_sigkill_at_random_moments_of_checkpoint_writes(tmp_path: Path):
     rng = random.Random(0)
 
     def train_cmd(epochs: int) -> list[str]:
-        return [sys.executable, TRAIN, "--epochs", str(epochs), "--workers", "0", "--keep-last", "1", "--out", str(out)]
+        # 16 px: the epochs between writes cost little, the writes (the whole model) as much as ever.
+        args = ["--epochs", str(epochs), "--workers", "0", "--image-size", "16", "--keep-last", "1"]
+        return [sys.executable, TRAIN, *args, "--out", str(out)]
 
     failures, mid_write, epochs = [], 0, []
     for attempt in range(KILLS):
