@@ -77,8 +77,7 @@ def _open_spare(spare: Path) -> tuple[Path, int] | None:
     except OSError:
         fd = None
     if fd is not None:
-        info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+        if _alone(os.fstat(fd)):
             return spare, fd
         os.close(fd)
     spare.unlink(missing_ok=True)
@@ -108,8 +107,8 @@ class Spare:
     def retire(self, path: Path) -> None:
         """Remove `path` from the folder, keeping its file as the spare when there is none and no other name
         links to it."""
-        if self._path is None and _alone(path):
-            self._path = tmp_name(self.folder / "spare")
+        if self._path is None and _alone_at(path):
+            self._path = self._new_name()
             os.rename(path, self._path)
         else:
             path.unlink(missing_ok=True)
@@ -117,10 +116,13 @@ class Spare:
     def keep_before_replace(self, path: Path) -> None:
         """Called before `path` is renamed over: link its file to a spare name, so that it is kept rather than
         freed. Should the replacement fail, the spare still shares the file with `path` and is never written."""
-        if self._path is None and _alone(path):
-            spare = tmp_name(self.folder / "spare")
+        if self._path is None and _alone_at(path):
+            spare = self._new_name()
             os.link(path, spare, follow_symlinks=False)
             self._path = spare
+
+    def _new_name(self) -> Path:
+        return tmp_name(self.folder / "spare")
 
     def drop(self) -> None:
         if self._path is not None:
@@ -128,13 +130,16 @@ class Spare:
             self._path = None
 
 
-def _alone(path: Path) -> bool:
+def _alone(info: os.stat_result) -> bool:
     """A regular file (not a link planted there) that no other name links to."""
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+
+
+def _alone_at(path: Path) -> bool:
     try:
-        info = path.lstat()
+        return _alone(path.lstat())
     except FileNotFoundError:
         return False
-    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
 
 
 def publish_link(source: Path, target: Path) -> None:
