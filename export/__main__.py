@@ -67,6 +67,7 @@ from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_prec
 from export.sources import read_source
 from export.unwrap import LoadMismatch
 from train.checkpoint import CheckpointError
+from train.class_names import check_class_names
 from train.data import check_image_size
 
 log = logging.getLogger("export")
@@ -217,12 +218,20 @@ def _check_numbers(args: argparse.Namespace, formats: list[str]) -> None:
             raise ValueError(f"{flag}={value}: a tolerance is 0 or more")
 
 
+MAX_LABELS_BYTES = 16 * 2**20  # a million names of 16 characters
+
+
 def _labels(path: Path | None) -> list[str] | None:
     if path is None:
         return None
-    if not path.is_file():
+    if not path.is_file():  # also refuses a FIFO or a device (/dev/zero), which would never end
         raise ValueError(f"--labels={path}: no such file (one class name per line, in index order)")
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if path.stat().st_size > MAX_LABELS_BYTES:
+        raise ValueError(f"--labels={path}: larger than {MAX_LABELS_BYTES // 2**20} MB; one class name per line")
+    lines = path.read_text().splitlines()
+    while lines and not lines[-1].strip():  # a trailing blank line is a habit, not a class
+        lines.pop()
+    return check_class_names(lines, f"--labels={path}")
 
 
 def _versions() -> dict[str, str]:

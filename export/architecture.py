@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from export.sources import Source
 from export.unwrap import LoadMismatch, Unwrapped, strict_load, unwrap_keys
+from train.class_names import check_class_names
 from train.models import TIMM_PREFIX, build_model, check_arch, eval_defaults, is_timm, timm_has, timm_name
 from train.preprocessing import Preprocessing
 
@@ -194,7 +195,7 @@ def _classes(src: Source, labels: list[str] | None, num_classes: int) -> list[st
             raise ValueError(f"--labels lists {len(labels)} names but the model has {num_classes} outputs")
         return labels
     if src.meta and src.meta.get("classes"):
-        classes = [str(c) for c in src.meta["classes"]]
+        classes = check_class_names(src.meta["classes"], f"{src.path}: meta.classes")
         if len(classes) != num_classes:
             raise ValueError(
                 f"{src.path}: meta.classes lists {len(classes)} names but the model has {num_classes} "

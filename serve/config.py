@@ -72,6 +72,12 @@ class ServeConfig:
     """requests in progress at once; more are answered 429 at once instead of queueing into timeouts"""
     body_timeout_s: int = _setting("HANDOFF_BODY_TIMEOUT_S", 10, _env_int)
     """an upload not complete by then gets 408: a stalled client holds a reading slot this long at most"""
+    max_connections: int = _setting("HANDOFF_MAX_CONNECTIONS", 1024, _env_int)
+    """open connections per worker (kept under `ulimit -n`); past it the oldest idle one is closed for the new one"""
+    header_timeout_s: int = _setting("HANDOFF_HEADER_TIMEOUT_S", 10, _env_int)
+    """a request's headers must arrive within this of its first byte, or the connection is closed"""
+    idle_timeout_s: int = _setting("HANDOFF_IDLE_TIMEOUT_S", 10, _env_int)
+    """a new connection that sends nothing for this long is closed (kept-alive ones: uvicorn's 5 s)"""
     max_body_mb: int = _setting("HANDOFF_MAX_BODY_MB", 20, _env_int)
     max_pixels: int = _setting("HANDOFF_MAX_PIXELS", 40_000_000, _env_int)
     """decompression-bomb guard: larger images are refused before decoding"""
@@ -83,6 +89,9 @@ class ServeConfig:
             ("HANDOFF_MAX_CONCURRENCY", self.max_concurrency, 1),
             ("HANDOFF_WORKERS", self.workers, 1),
             ("HANDOFF_BODY_TIMEOUT_S", self.body_timeout_s, 1),
+            ("HANDOFF_MAX_CONNECTIONS", self.max_connections, 8),
+            ("HANDOFF_HEADER_TIMEOUT_S", self.header_timeout_s, 1),
+            ("HANDOFF_IDLE_TIMEOUT_S", self.idle_timeout_s, 1),
             ("HANDOFF_CPU_THREADS", self.model_threads(), 1),
         ):
             if value < least:

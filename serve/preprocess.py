@@ -17,7 +17,11 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from train.preprocessing import Preprocessing
 
-ACCEPTED_FORMATS = {"JPEG", "PNG", "WEBP", "BMP", "GIF"}
+# MPO: a JPEG with a multi-picture segment (many phone and stereo-camera photos); frame 0 is the primary image.
+ACCEPTED_FORMATS = {"JPEG", "MPO", "PNG", "WEBP", "BMP", "GIF"}
+# The longest side may be at most this many times the shortest (a wide panorama is about 10): the resize scales
+# the shorter side up or down to `resize`, so a 1 x 40,000 strip would become 256 x 10,240,000 pixels.
+MAX_ASPECT_RATIO = 50
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,
@@ -75,6 +79,7 @@ class Preprocessor:
             raise BadImage(
                 f"image is {width}x{height} = {width * height} pixels, above the limit of {self.max_pixels}", status=413
             )
+        self.resized_size(width, height)  # and what the resize would make of it, before any pixel is decoded
         try:
             image.seek(0)  # animated GIF/WebP: the first frame
             image.load()
@@ -82,13 +87,27 @@ class Preprocessor:
         except (OSError, SyntaxError, ValueError) as err:
             raise BadImage(f"the image data is damaged or truncated ({err})") from None
 
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """The size the resize gives (shorter side -> `resize`, as torchvision computes it); BadImage (413) for an
+        image so elongated that the result would pass the pixel limit or MAX_ASPECT_RATIO."""
+        short, long = (width, height) if width <= height else (height, width)
+        if short < 1 or long > MAX_ASPECT_RATIO * short:
+            raise BadImage(
+                f"image is {width}x{height}, more than {MAX_ASPECT_RATIO} times longer than it is wide", status=413
+            )
+        new_short, new_long = self.resize, int(self.resize * long / short)
+        if new_short * new_long > self.max_pixels:
+            raise BadImage(
+                f"image is {width}x{height}: resized to {new_short} on its shorter side it would be "
+                f"{new_short * new_long} pixels, above the limit of {self.max_pixels}",
+                status=413,
+            )
+        return (new_short, new_long) if width <= height else (new_long, new_short)
+
     def __call__(self, image: Image.Image) -> np.ndarray:
         """An 8-bit PIL image (RGB, or L: grayscale stays one channel until after the resize, which gives the
         same pixels as resizing three equal channels at a third of the memory) -> float32 (C, crop, crop)."""
-        width, height = image.size
-        short, long = (width, height) if width <= height else (height, width)
-        new_short, new_long = self.resize, int(self.resize * long / short)
-        size = (new_short, new_long) if width <= height else (new_long, new_short)
+        size = self.resized_size(*image.size)
         if size != image.size:
             image = image.resize(size, _RESAMPLE[self.interpolation])
         image = _center_crop(image, self.crop).convert("RGB")

@@ -33,7 +33,10 @@ from export.manifest import ManifestError, read_manifest
 from serve.auth import ApiKeyGate
 from serve.batching import ModelBatcher
 from serve.config import ServeConfig
-from serve.limits import MAX_DIGITS, RequestLimits, Scope, Send, send_json, small_integer
+from serve.connections import ConnectionLimits
+from serve.connections import install as install_connection_limits
+from serve.front_door import MAX_DIGITS, MULTIPART, BodyRoute, FrontDoor, Scope, Send, send_json, small_integer
+from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
 from serve.logs import CLIENT_ERROR, client_error_args, install_log_filters
 from serve.metrics_labels import bound_metric_labels
 from serve.page import PAGE, PAGE_HEADERS
@@ -58,6 +61,7 @@ class RequestError(BentoMLException):
 
 
 install_log_filters()
+install_connection_limits(ConnectionLimits(CONFIG.max_connections, CONFIG.header_timeout_s, CONFIG.idle_timeout_s))
 
 
 async def _get_info(request: Request) -> JSONResponse:
@@ -74,7 +78,7 @@ info_app = Starlette(routes=[Route("/", _get_page, methods=["GET"]), Route("/inf
 
 
 @bentoml.asgi_app(info_app, path="/")
-# No BentoML max_concurrency: its slot is taken before the body is read; serve/limits.py takes its own after.
+# No BentoML max_concurrency: its slot is taken before the body is read; serve/front_door.py takes its own after.
 @bentoml.service(name="handoff", workers=CONFIG.workers, traffic={"timeout": CONFIG.timeout_s})
 class HandoffClassifier:
     # Declared at class level only so that `bentoml build` packs the model into the Bento; the service finds
@@ -150,7 +154,7 @@ class HandoffClassifier:
         """Classify an uploaded image (multipart field `image`: JPEG, PNG, WebP, BMP or GIF). The image may also
         be sent as the body itself, with its own Content-Type and `?top_k=K` (not shown in this schema).
 
-        Declared for the OpenAPI document and BentoML's clients; over HTTP, serve/limits.py answers both forms
+        Declared for the OpenAPI document and BentoML's clients; over HTTP, serve/front_door.py answers both forms
         through `_classify_image` below, which parses the body once."""
         return await self.classify_upload(image, top_k)
 
@@ -177,22 +181,43 @@ class HandoffClassifier:
 
     @bentoml.api
     async def predict(self, tensor: list) -> JSON:
-        """Logits and probabilities for a preprocessed float tensor N x C x H x W (JSON nested lists)."""
+        """Logits and probabilities for a preprocessed float tensor N x C x H x W (JSON nested lists).
+
+        Declared for the OpenAPI document and BentoML's clients; over HTTP, serve/front_door.py hands the body
+        to `predict_json` below, which parses it off the event loop."""
         self._require_ready()
+        return await self.predict_rows(self._tensor_rows({"tensor": tensor}))
+
+    async def predict_json(self, body: bytes) -> dict[str, Any]:
+        """The /predict answer for a JSON body `{"tensor": N x C x H x W}`, parsed and checked in a thread."""
+        self._require_ready()
+        batch = await anyio.to_thread.run_sync(self._parse_predict, body, limiter=self.decoders)
+        return await self.predict_rows(batch)
+
+    def _parse_predict(self, body: bytes) -> np.ndarray:
         try:
-            batch = np.asarray(tensor, dtype=np.float32)
-        except (ValueError, TypeError, OverflowError):
-            raise RequestError("tensor must be a rectangular nested list of numbers within float32's range") from None
-        if batch.ndim != 4 or batch.shape[1:] != self.input_shape or batch.shape[0] < 1:
-            raise RequestError(
-                f"tensor has shape {list(batch.shape)}; expected [N, {', '.join(map(str, self.input_shape))}]"
-            )
-        if batch.shape[0] > CONFIG.max_batch_size:
-            raise RequestError(f"at most {CONFIG.max_batch_size} images per request, got {batch.shape[0]}")
-        if not np.isfinite(batch).all():
-            raise RequestError("tensor contains NaN or Inf")
+            document = parse_json(body)
+            if not isinstance(document, dict) or set(document) != {"tensor"}:
+                raise BadJson('expected a JSON object with one key, "tensor": {"tensor": [[[[...]]]]}')
+            return self._tensor_rows(document)
+        except BadJson as err:
+            raise RequestError(str(err)) from None
+
+    def _tensor_rows(self, document: dict[str, Any]) -> np.ndarray:
+        try:
+            return float32_rows(document["tensor"], "tensor", self.input_shape, CONFIG.max_batch_size)
+        except BadJson as err:
+            raise RequestError(str(err)) from None
+
+    async def predict_rows(self, batch: np.ndarray) -> dict[str, Any]:
         logits = await self._logits(batch)
         return {"logits": logits.tolist(), "probabilities": softmax(logits).tolist()}
+
+    def max_predict_bytes(self) -> int:
+        """The largest /predict body worth reading: a full batch of this model's input, as JSON text."""
+        if self.not_ready is not None:
+            return CONFIG.max_body_bytes
+        return max_json_bytes(CONFIG.max_batch_size, self.input_shape)
 
     @staticmethod
     def _short(reason: str) -> str:
@@ -243,26 +268,52 @@ SERVICE: Any = HandoffClassifier  # the bentoml.Service the decorator made: midd
 RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif"})
 
 
-async def _classify_image(scope: Scope, image: bytes, params: dict[str, list[str]], send: Send) -> None:
-    """POST /classify, both ways: the multipart form (field `image`, optional `top_k`) or the image itself as
-    the body (Content-Type: image/jpeg, image/png... and `?top_k=K`). serve/limits.py parses the body once and
-    hands it here, under its limits, instead of BentoML parsing the form again into a temporary file (A/B:
-    38.7 -> 37.8 ms of server CPU per image at c=64, c=1 p50 23.2 -> 21.9 ms; README's Benchmarks)."""
+async def _answer(scope: Scope, send: Send, answer: typing.Awaitable[dict[str, Any]]) -> None:
+    """Send `answer`'s JSON, or a RequestError as a 4xx (5xx) with one log line: a client's mistake is one INFO
+    line, never a traceback."""
     try:
-        unknown = sorted(set(params) - {"top_k"})
-        if unknown:
-            raise RequestError(f"unknown query parameter(s) {', '.join(unknown)}; expected top_k")
-        values = params.get("top_k", ["5"])
-        if len(values) > 1:
-            raise RequestError(f"top_k is given {len(values)} times; send it once")
-        if not small_integer(values[0]):
-            raise RequestError(f"top_k must be a whole number of at most {MAX_DIGITS} digits")
-        answer = await bentoml.get_current_service().classify_upload(image, int(values[0]))
+        payload = await answer
     except BentoMLException as err:
         status = err.error_code.value
-        (log.info if status < 500 else log.warning)(CLIENT_ERROR, *client_error_args("POST", "/classify", status, err))
+        line = client_error_args(scope["method"], scope["path"], status, err)
+        (log.info if status < 500 else log.warning)(CLIENT_ERROR, *line)
         return await send_json(send, status, {"error": str(err)})
-    await send_json(send, 200, answer)
+    await send_json(send, 200, payload)
+
+
+def _only_params(params: dict[str, list[str]], allowed: set[str]) -> None:
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        expected = f"expected {', '.join(sorted(allowed))}" if allowed else "this endpoint takes none"
+        raise RequestError(f"unknown query parameter(s) {', '.join(unknown)}; {expected}")
+
+
+async def _classify_answer(image: bytes, params: dict[str, list[str]]) -> dict[str, Any]:
+    _only_params(params, {"top_k"})
+    values = params.get("top_k", ["5"])
+    if len(values) > 1:
+        raise RequestError(f"top_k is given {len(values)} times; send it once")
+    if not small_integer(values[0]):
+        raise RequestError(f"top_k must be a whole number of at most {MAX_DIGITS} digits")
+    return await bentoml.get_current_service().classify_upload(image, int(values[0]))
+
+
+async def _classify_image(scope: Scope, image: bytes, params: dict[str, list[str]], send: Send) -> None:
+    """POST /classify, both ways: the multipart form (field `image`, optional `top_k`) or the image itself as
+    the body (Content-Type: image/jpeg, image/png... and `?top_k=K`). serve/front_door.py parses the body once
+    and hands it here, under its limits, instead of BentoML parsing the form again into a temporary file (A/B:
+    38.7 -> 37.8 ms of server CPU per image at c=64, c=1 p50 23.2 -> 21.9 ms; README's Benchmarks)."""
+    await _answer(scope, send, _classify_answer(image, params))
+
+
+async def _predict_answer(body: bytes, params: dict[str, list[str]]) -> dict[str, Any]:
+    _only_params(params, set())
+    return await bentoml.get_current_service().predict_json(body)
+
+
+async def _predict_tensor(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
+    """POST /predict: the JSON body, bounded by what the model can take and parsed off the event loop."""
+    await _answer(scope, send, _predict_answer(body, params))
 
 
 def _form_fields(api: Any) -> dict[str, str]:
@@ -289,11 +340,18 @@ bound_metric_labels(
     }
 )
 SERVICE.add_asgi_middleware(
-    RequestLimits,
+    FrontDoor,
     max_bytes=CONFIG.max_body_bytes,
-    content_types={"/classify": "multipart/form-data", "/predict": "application/json"},
-    form_fields={"/classify": _form_fields(SERVICE.apis["classify"])},
+    routes={
+        "/classify": BodyRoute(
+            frozenset({MULTIPART, *RAW_IMAGE_TYPES}), _classify_image, _form_fields(SERVICE.apis["classify"])
+        ),
+        "/predict": BodyRoute(
+            frozenset({"application/json"}),
+            _predict_tensor,
+            max_bytes=lambda: bentoml.get_current_service().max_predict_bytes(),
+        ),
+    },
     max_concurrency=CONFIG.max_concurrency,
     body_timeout_s=CONFIG.body_timeout_s,
-    image_routes={"/classify": (RAW_IMAGE_TYPES, _classify_image)},
 )

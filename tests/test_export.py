@@ -282,6 +282,11 @@ def test_usage_errors(checkpoints, tmp_path: Path):
     assert_one_line_error(export_cli(bare, "--arch", fx.ARCH, "--formats", "tflite", "--no-bento"), "--formats")
     for flag, value in (("--image-size", "0"), ("--atol", "-1"), ("--labels", str(tmp_path / "missing.txt"))):
         assert_one_line_error(export_cli(bare, "--arch", fx.ARCH, flag, value, "--no-bento"), flag)
+    for names, words in ((["cat", "dog", "cat"], "repeats class 0"), (["cat", "", "dog"], "is empty")):
+        labels = tmp_path / "labels.txt"
+        labels.write_text("\n".join(names) + "\n")
+        assert_one_line_error(export_cli(bare, "--arch", fx.ARCH, "--labels", str(labels), "--no-bento"), words)
+    assert_one_line_error(export_cli(bare, "--arch", fx.ARCH, "--labels", "/dev/zero", "--no-bento"), "no such file")
     if not torch.cuda.is_available():
         assert_one_line_error(export_cli(bare, "--arch", fx.ARCH, "--device", "cuda", "--no-bento"), "no CUDA")
 

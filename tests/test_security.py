@@ -46,3 +46,38 @@ def test_a_run_folder_any_user_can_write_to_is_refused(tmp_path: Path):
     result = train(out)
     assert result.returncode == 2 and "can be written by any user" in result.stderr, result.stderr[-2000:]
     assert not (out / "last.pt").exists()
+
+
+def test_a_fifo_among_the_training_images_is_refused_not_waited_on(tmp_path: Path):
+    """A FIFO named *.png blocked the trainer in open() forever (SIGTERM could not end it, the lock stayed held)."""
+    import os
+
+    from PIL import Image
+
+    data = tmp_path / "data"
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (data / split / cls).mkdir(parents=True)
+            Image.new("RGB", (8, 8), (40 if cls == "a" else 200, 0, 0)).save(data / split / cls / "0.png")
+    os.mkfifo(data / "train" / "a" / "trap.png")
+    result = run(
+        [sys.executable, TRAIN, "--epochs", "1", "--workers", "0", "--data", str(data), "--out", str(tmp_path / "r")],
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "trap.png is not a regular file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_class_folders_that_name_no_class_clearly_are_refused(tmp_path: Path):
+    from PIL import Image
+
+    data = tmp_path / "data"
+    for split in ("train", "val"):
+        for cls in ("cat", "cat "):  # two folders the page and every answer would show alike
+            (data / split / cls).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(data / split / cls / "0.png")
+    result = run(
+        [sys.executable, TRAIN, "--epochs", "1", "--workers", "0", "--data", str(data), "--out", str(tmp_path / "r")],
+        timeout=120,
+    )
+    assert result.returncode == 2 and "ends with whitespace" in result.stderr, result.stderr[-2000:]

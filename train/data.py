@@ -13,7 +13,9 @@ same augmentations.
 from __future__ import annotations
 
 import math
+import os
 import signal
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,9 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from torchvision import datasets
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from train.class_names import check_class_names
 from train.models import eval_defaults, is_timm
 from train.preprocessing import Preprocessing
 from train.presets import eval_transform, train_transform
@@ -189,6 +193,20 @@ class Datasets:
     preprocessing: Preprocessing
 
 
+def regular_image_file(path: str) -> bool:
+    """ImageFolder's test for a file it should load: an image extension, and (through links) a regular file. A
+    FIFO named *.png would block the loader in open() forever, so it is refused while the folder is scanned."""
+    if not path.lower().endswith(IMG_EXTENSIONS):
+        return False
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        raise ValueError(f"--data: {path}: cannot be read ({err.strerror}); remove it or fix the link") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"--data: {path} is not a regular file (a FIFO, device, socket or folder); remove it")
+    return True
+
+
 def build_datasets(cfg: DataConfig, seed: int) -> Datasets:
     pre = cfg.preprocessing
     embedded = cfg.data is None
@@ -201,10 +219,11 @@ def build_datasets(cfg: DataConfig, seed: int) -> Datasets:
         val_set: Any = DigitsDataset(x_val, y_val, evaluate)
     else:
         root = Path(cfg.data)  # type: ignore[arg-type]
-        train_set = datasets.ImageFolder(str(root / "train"), augment)
-        val_set = datasets.ImageFolder(str(root / "val"), evaluate)
+        train_set = datasets.ImageFolder(str(root / "train"), augment, is_valid_file=regular_image_file)
+        val_set = datasets.ImageFolder(str(root / "val"), evaluate, is_valid_file=regular_image_file)
         if train_set.classes != val_set.classes:
             raise ValueError(f"--data={cfg.data}: train/ and val/ hold different class folders")
+        check_class_names(train_set.classes, f"--data={cfg.data}: the class folders")
     return Datasets(SeededAugmentation(train_set, seed), val_set, list(train_set.classes), pre)
 
 
