@@ -13,6 +13,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from export.signature import TASK_IMAGE_CLASSIFICATION, classifier_signature
+
 MANIFEST_FORMAT = "handoff.manifest/1"
 MANIFEST = "manifest.json"
 ONNX, ONNX_DATA, TORCHSCRIPT, SAFETENSORS = "model.onnx", "model.onnx.data", "model.torchscript.pt", "model.safetensors"
@@ -49,13 +51,16 @@ def new_manifest(
 ) -> dict[str, Any]:
     """The manifest's description of the model; export adds `onnx`, `parity`, `int8`, `artifacts`,
     `versions` and `status` as it writes and checks the artifacts."""
+    input_shape = [-1, preprocess["channels"], preprocess["crop"], preprocess["crop"]]
     return {
         "format": MANIFEST_FORMAT,
+        "task": TASK_IMAGE_CLASSIFICATION,
+        "signature": classifier_signature(input_shape, len(classes), dtype).to_dict(),
         "arch": arch,
         "num_classes": len(classes),
         "classes": classes,
         "input": {
-            "shape": [-1, preprocess["channels"], preprocess["crop"], preprocess["crop"]],
+            "shape": input_shape,
             "dtype": dtype,
             "layout": "NCHW",
         },

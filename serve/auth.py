@@ -1,8 +1,9 @@
 """Optional bearer-token gate (HANDOFF_API_KEYS): an ASGI middleware in front of everything else.
 
 It runs before any body is read, so a client without a key holds no request slot and no memory. The
-probes (/livez, /readyz) stay open for the orchestrator, and so does the page at / (static: it asks the
-person for the key and sends it with each call). Keys are compared in constant time.
+probes (/livez, /readyz, and the protocol's health and ready) stay open for the orchestrator, and so does the
+page at / (static: it asks the person for the key and sends it with each call). Keys are compared in constant
+time.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-OPEN_PATHS = frozenset({"/livez", "/readyz", "/"})
+PROBES = frozenset({"/livez", "/readyz", "/"})  # BentoML's probes and the page; the service adds the protocol's
 
 
 def _token(scope: Scope) -> bytes:
@@ -35,12 +36,15 @@ def key_is_valid(token: bytes, keys: tuple[bytes, ...]) -> bool:
 
 
 class ApiKeyGate:
-    def __init__(self, app: Callable[..., Awaitable[None]], keys: tuple[str, ...]) -> None:
+    def __init__(
+        self, app: Callable[..., Awaitable[None]], keys: tuple[str, ...], open_paths: frozenset[str] = PROBES
+    ) -> None:
         self.app = app
         self.keys = tuple(k.encode() for k in keys)
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or not self.keys or scope["path"] in self.open_paths:
             return await self.app(scope, receive, send)
         if key_is_valid(_token(scope), self.keys):
             return await self.app(scope, receive, send)

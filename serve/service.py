@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-import typing
-from http import HTTPStatus
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,15 +28,19 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
 from export.manifest import ManifestError, read_manifest
-from serve.auth import ApiKeyGate
+from export.signature import read_signature, read_task
+from serve.auth import PROBES, ApiKeyGate
 from serve.batching import ModelBatcher
 from serve.config import ServeConfig
 from serve.connections import ConnectionLimits
 from serve.connections import install as install_connection_limits
-from serve.front_door import MAX_DIGITS, MULTIPART, BodyRoute, FrontDoor, Scope, Send, send_json, small_integer
+from serve.front_door import MULTIPART, BodyRoute, FrontDoor
+from serve.handlers import RequestError, classify_image, form_fields, predict_tensor
 from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
-from serve.logs import CLIENT_ERROR, client_error_args, install_log_filters
+from serve.logs import install_log_filters
 from serve.metrics_labels import bound_metric_labels
+from serve.oip import IMAGE_INPUT, ProtocolSurface, known_paths, open_paths, select_outputs
+from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
 from serve.page import PAGE, PAGE_HEADERS
 from serve.preprocess import BadImage, Preprocessor
 from serve.runtime import RuntimeUnavailable, load_runtime, softmax
@@ -53,13 +55,6 @@ VERSION = "0.1.0"
 JSON = Annotated[dict[str, Any], ContentType("application/json")]
 
 
-class RequestError(BentoMLException):
-    """A 4xx with a JSON body naming the problem."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message, error_code=HTTPStatus(status))
-
-
 install_log_filters()
 install_connection_limits(ConnectionLimits(CONFIG.max_connections, CONFIG.header_timeout_s, CONFIG.idle_timeout_s))
 
@@ -72,9 +67,12 @@ async def _get_page(request: Request) -> FileResponse:
     return FileResponse(PAGE, media_type="text/html", headers=PAGE_HEADERS)
 
 
+PROTOCOL = ProtocolSurface(CONFIG.model_name, VERSION, bentoml.get_current_service)
 # GET / is a page to try the model in a browser, in place of BentoML's Swagger UI (the OpenAPI
-# document stays at /docs.json).
-info_app = Starlette(routes=[Route("/", _get_page, methods=["GET"]), Route("/info", _get_info, methods=["GET"])])
+# document stays at /docs.json); the protocol's GET endpoints sit beside /info.
+info_app = Starlette(
+    routes=[Route("/", _get_page, methods=["GET"]), Route("/info", _get_info, methods=["GET"]), *PROTOCOL.routes()]
+)
 
 
 @bentoml.asgi_app(info_app, path="/")
@@ -128,6 +126,7 @@ class HandoffClassifier:
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
         self.classes = self.manifest["classes"]
+        self.task, self.signature = read_task(self.manifest), read_signature(self.manifest)
         for size in CONFIG.batch_buckets():  # so the first real request is not the slow one
             self.runtime(np.zeros((size, *self.input_shape), dtype=np.float32))
 
@@ -155,7 +154,7 @@ class HandoffClassifier:
         be sent as the body itself, with its own Content-Type and `?top_k=K` (not shown in this schema).
 
         Declared for the OpenAPI document and BentoML's clients; over HTTP, serve/front_door.py answers both forms
-        through `_classify_image` below, which parses the body once."""
+        through `classify_image` in serve/handlers.py, which parses the body once."""
         return await self.classify_upload(image, top_k)
 
     async def classify_upload(self, upload: Path | bytes, top_k: int) -> dict[str, Any]:
@@ -219,6 +218,60 @@ class HandoffClassifier:
             return CONFIG.max_body_bytes
         return max_json_bytes(CONFIG.max_batch_size, self.input_shape)
 
+    async def protocol_infer(self, request: InferRequest) -> list[OutputTensor]:
+        """The protocol's infer: `input` (preprocessed rows) or `image` (encoded files, decoded and preprocessed
+        as /classify does) -> `logits` and `probabilities`, through the same batcher as every other route."""
+        unknown = sorted(set(request.inputs) - {"input", IMAGE_INPUT})
+        if unknown or len(request.inputs) != 1:
+            given = f"got {', '.join(sorted(request.inputs))}"
+            raise ProtocolError(f"send one input, 'input' (FP32 [N, ...]) or 'image' (BYTES [N]); {given}")
+        if IMAGE_INPUT in request.inputs:
+            files = request.inputs[IMAGE_INPUT]
+            if len(files.shape) not in (1, 2) or files.shape[1:] not in ((), (1,)) or files.datatype != "BYTES":
+                raise ProtocolError(f"input 'image' must be BYTES of shape [N] or [N, 1], got {list(files.shape)}")
+            self._check_rows(len(files.value))
+            batch = await anyio.to_thread.run_sync(self._prepare_files, files.value, limiter=self.decoders)
+        else:
+            batch = self._protocol_rows(request.inputs["input"])
+        logits = await self._logits(batch)
+        return select_outputs(request, {"logits": logits, "probabilities": softmax(logits)}, self.classes)
+
+    def _prepare_files(self, files: list[bytes]) -> np.ndarray:
+        rows = []
+        for index, data in enumerate(files):
+            try:
+                rows.append(self._prepare(data))
+            except RequestError as err:
+                raise RequestError(f"image[{index}]: {err}", status=err.error_code.value) from None
+        return np.stack(rows)
+
+    def _protocol_rows(self, tensor: Any) -> np.ndarray:
+        # FP64 and FP16 are converted (FP32 holds every FP16 value; FP64 is rounded as NumPy rounds); integers
+        # are refused: a model trained on floats given pixel values 0-255 would answer confidently and wrongly.
+        if tensor.datatype not in ("FP32", "FP64", "FP16"):
+            raise ProtocolError(f"input 'input' is FP32 (FP64 and FP16 are converted), not {tensor.datatype}")
+        if tensor.shape[1:] != self.input_shape or len(tensor.shape) != 1 + len(self.input_shape):
+            expected = ", ".join(map(str, self.input_shape))
+            raise ProtocolError(f"input 'input' has shape {list(tensor.shape)}; expected [N, {expected}]")
+        self._check_rows(tensor.shape[0])
+        batch = np.asarray(tensor.value, dtype=np.float32)
+        if not np.isfinite(batch).all():  # an FP64 value past float32's range became Inf
+            raise ProtocolError("input 'input' holds values beyond float32's range")
+        return batch
+
+    @staticmethod
+    def _check_rows(rows: int) -> None:
+        if not 1 <= rows <= CONFIG.max_batch_size:
+            raise ProtocolError(f"{rows} rows; send 1 to {CONFIG.max_batch_size} per request (HANDOFF_MAX_BATCH_SIZE)")
+
+    def platform(self) -> str:
+        """The model's platform as Triton names it."""
+        return "pytorch_libtorch" if self.runtime.name == "torchscript" else "onnxruntime_onnx"
+
+    @staticmethod
+    def max_batch_size() -> int:
+        return CONFIG.max_batch_size
+
     @staticmethod
     def _short(reason: str) -> str:
         """The not-ready reason /info gives: the model folder by its name unless HANDOFF_SHOW_PATHS=1."""
@@ -261,6 +314,14 @@ class HandoffClassifier:
                 "padded_to": self._padded_batch_sizes(),
             },
             "cpu": {"workers": CONFIG.workers, "model_threads": self.model_threads},
+            "protocol": {
+                "name": "Open Inference Protocol (KServe V2 / Triton HTTP)",
+                "model_name": CONFIG.model_name,
+                "metadata": f"/v2/models/{CONFIG.model_name}",
+                "infer": f"/v2/models/{CONFIG.model_name}/infer",
+                "config": f"/v2/models/{CONFIG.model_name}/config",
+                "health": ["/v2/health/live", "/v2/health/ready"],
+            },
         }
 
 
@@ -268,65 +329,7 @@ SERVICE: Any = HandoffClassifier  # the bentoml.Service the decorator made: midd
 RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif"})
 
 
-async def _answer(scope: Scope, send: Send, answer: typing.Awaitable[dict[str, Any]]) -> None:
-    """Send `answer`'s JSON, or a RequestError as a 4xx (5xx) with one log line: a client's mistake is one INFO
-    line, never a traceback."""
-    try:
-        payload = await answer
-    except BentoMLException as err:
-        status = err.error_code.value
-        line = client_error_args(scope["method"], scope["path"], status, err)
-        (log.info if status < 500 else log.warning)(CLIENT_ERROR, *line)
-        return await send_json(send, status, {"error": str(err)})
-    await send_json(send, 200, payload)
-
-
-def _only_params(params: dict[str, list[str]], allowed: set[str]) -> None:
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        expected = f"expected {', '.join(sorted(allowed))}" if allowed else "this endpoint takes none"
-        raise RequestError(f"unknown query parameter(s) {', '.join(unknown)}; {expected}")
-
-
-async def _classify_answer(image: bytes, params: dict[str, list[str]]) -> dict[str, Any]:
-    _only_params(params, {"top_k"})
-    values = params.get("top_k", ["5"])
-    if len(values) > 1:
-        raise RequestError(f"top_k is given {len(values)} times; send it once")
-    if not small_integer(values[0]):
-        raise RequestError(f"top_k must be a whole number of at most {MAX_DIGITS} digits")
-    return await bentoml.get_current_service().classify_upload(image, int(values[0]))
-
-
-async def _classify_image(scope: Scope, image: bytes, params: dict[str, list[str]], send: Send) -> None:
-    """POST /classify, both ways: the multipart form (field `image`, optional `top_k`) or the image itself as
-    the body (Content-Type: image/jpeg, image/png... and `?top_k=K`). serve/front_door.py parses the body once
-    and hands it here, under its limits, instead of BentoML parsing the form again into a temporary file (A/B:
-    38.7 -> 37.8 ms of server CPU per image at c=64, c=1 p50 23.2 -> 21.9 ms; README's Benchmarks)."""
-    await _answer(scope, send, _classify_answer(image, params))
-
-
-async def _predict_answer(body: bytes, params: dict[str, list[str]]) -> dict[str, Any]:
-    _only_params(params, set())
-    return await bentoml.get_current_service().predict_json(body)
-
-
-async def _predict_tensor(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
-    """POST /predict: the JSON body, bounded by what the model can take and parsed off the event loop."""
-    await _answer(scope, send, _predict_answer(body, params))
-
-
-def _form_fields(api: Any) -> dict[str, str]:
-    """A multipart endpoint's fields, read off its signature, so the limits check cannot drift from it."""
-    hints = typing.get_type_hints(api.func)
-    return {
-        name: "file" if hint is Path else "integer" if hint is int else "text"
-        for name, hint in hints.items()
-        if name not in ("return", "self")
-    }
-
-
-SERVICE.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys)
+SERVICE.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys, open_paths=PROBES | open_paths(CONFIG.model_name))
 bound_metric_labels(
     {
         "/",
@@ -337,6 +340,7 @@ bound_metric_labels(
         "/readyz",
         "/healthz",
         *(f"/{name}" for name in SERVICE.apis),
+        *known_paths(CONFIG.model_name),
     }
 )
 SERVICE.add_asgi_middleware(
@@ -344,13 +348,14 @@ SERVICE.add_asgi_middleware(
     max_bytes=CONFIG.max_body_bytes,
     routes={
         "/classify": BodyRoute(
-            frozenset({MULTIPART, *RAW_IMAGE_TYPES}), _classify_image, _form_fields(SERVICE.apis["classify"])
+            frozenset({MULTIPART, *RAW_IMAGE_TYPES}), classify_image, form_fields(SERVICE.apis["classify"])
         ),
         "/predict": BodyRoute(
             frozenset({"application/json"}),
-            _predict_tensor,
+            predict_tensor,
             max_bytes=lambda: bentoml.get_current_service().max_predict_bytes(),
         ),
+        **PROTOCOL.infer_routes(),
     },
     max_concurrency=CONFIG.max_concurrency,
     body_timeout_s=CONFIG.body_timeout_s,

@@ -257,6 +257,28 @@ def test_multi_picture_jpegs_are_accepted(guarded):
     assert as_mpo.json()["predictions"][0]["index"] == as_jpeg.json()["predictions"][0]["index"]
 
 
+def test_the_protocol_shares_the_key_gate_and_bounded_metrics(guarded):
+    """The protocol's health and readiness are open like /livez; metadata and infer need the key; a path per
+    model name does not grow /metrics."""
+    for path in (
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2/models/handoff/ready",
+        "/v2/models/handoff/versions/1/ready",
+    ):
+        assert guarded.status(path) == 200, path
+    for path in ("/v2", "/v2/models/handoff", "/v2/models/handoff/config"):
+        assert httpx.get(f"{guarded.url}{path}").status_code == 401
+        assert httpx.get(f"{guarded.url}{path}", headers=authed()).status_code == 200
+    keyless = httpx.post(f"{guarded.url}/v2/models/handoff/infer", content=b"{}")
+    assert keyless.status_code == 401 and "API key" in keyless.json()["error"]
+    for i in range(50):
+        response = httpx.post(f"{guarded.url}/v2/models/junk{i}/infer", content=b"{}", headers=authed())
+        assert response.status_code == 404 and "error" in response.json()
+    metrics = httpx.get(f"{guarded.url}/metrics", headers=authed()).text
+    assert "junk" not in metrics
+
+
 def test_the_guarded_service_still_serves(guarded):
     """After every attack above: the probes and a good request still answer."""
     assert guarded.status("/livez") == 200 and guarded.status("/readyz") == 200
