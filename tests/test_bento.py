@@ -3,6 +3,7 @@ virtualenv made only from the Bento's own requirements, outside this checkout, a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -111,6 +112,31 @@ def test_the_built_bento_serves_from_a_torch_free_environment(bento, eager, tmp_
         assert info["model"]["sha256"] == manifest["artifacts"]["model.onnx"]["sha256"]
         for path in probe_paths(load_deployment()):
             assert srv.status(path) == 200, path
+        # The protocol, as KServe's readiness probe and a client reach it in the Bento (deploy/kserve.yaml).
+        assert srv.status("/v2/models/handoff/ready") == 200
+        files = [png_bytes(image) for image in images[:4]]
+        binary = b"".join(len(f).to_bytes(4, "little") + f for f in files)
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "image",
+                        "datatype": "BYTES",
+                        "shape": [4],
+                        "parameters": {"binary_data_size": len(binary)},
+                    }
+                ]
+            }
+        ).encode()
+        answer = httpx.post(
+            f"{srv.url}/v2/models/handoff/infer",
+            content=header + binary,
+            headers={"inference-header-content-length": str(len(header))},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        logits = next(o for o in answer.json()["outputs"] if o["name"] == "logits")
+        assert np.argmax(np.reshape(logits["data"], (4, -1)), 1).tolist() == served_top1[:4]
 
 
 def test_the_bento_carries_every_library_the_cuda_provider_opens(bento):
@@ -162,3 +188,26 @@ def test_the_kubernetes_manifest_matches_the_service(bento):
     service = next(d for d in documents if d["kind"] == "Service")
     assert service["spec"]["selector"] == documents[0]["spec"]["selector"]["matchLabels"]
     assert service["spec"]["ports"][0]["targetPort"] in ("http", ports["http"])
+
+
+def test_the_kserve_manifest_matches_the_service(bento):
+    """deploy/kserve.yaml: the port the Bento's image serves on, a readiness probe on the protocol's model
+    readiness for the name it sets, only settings the service reads, one GPU, the autoscaler's bounds."""
+    from serve.oip import open_paths
+
+    (service,) = yaml.safe_load_all((ROOT / "deploy" / "kserve.yaml").read_text())
+    assert service["kind"] == "InferenceService" and service["apiVersion"].startswith("serving.kserve.io/")
+    predictor = service["spec"]["predictor"]
+    assert 1 <= predictor["minReplicas"] <= predictor["maxReplicas"]
+    (container,) = predictor["containers"]
+    assert container["name"] == "kserve-container"
+    dockerfile = (bento["path"] / "env" / "docker" / "Dockerfile").read_text()
+    (port,) = container["ports"]
+    assert f"EXPOSE {port['containerPort']}" in dockerfile
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env.pop("PROTOCOL") == "v2"
+    assert set(env) <= set(SETTINGS), f"unknown settings {set(env) - set(SETTINGS)}"
+    probe = container["readinessProbe"]["httpGet"]
+    assert probe["port"] == port["containerPort"]
+    assert probe["path"] in open_paths(env["HANDOFF_MODEL_NAME"]) and probe["path"].endswith("/ready")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1

@@ -73,6 +73,7 @@ def test_page_classifies_an_uploaded_image_like_the_eager_model(browser, exporte
         wait = WebDriverWait(browser, 30)
         wait.until(lambda d: d.find_element(By.ID, "model").get_attribute("data-ready") == "true")
         model_line = browser.find_element(By.ID, "model").text
+        protocol_line = browser.find_element(By.ID, "protocol").text
         browser.find_element(By.ID, "file").send_keys(str(upload))
         wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") in ("done", "error"))
         assert browser.find_element(By.ID, "error").text == ""
@@ -91,6 +92,7 @@ def test_page_classifies_an_uploaded_image_like_the_eager_model(browser, exporte
         assert not browser.find_elements(By.CSS_SELECTOR, "tr.prediction")
 
     assert "resnet18" in model_line and "onnx" in model_line and "cpu" in model_line, model_line
+    assert "POST /v2/models/handoff/infer" in protocol_line, protocol_line
     assert len(shown) == 5
     assert shown[0] == expected, f"page shows {shown}, eager top-1 is {expected}"
     assert "not an image" in error_shown, error_shown

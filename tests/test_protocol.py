@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -277,3 +279,41 @@ def test_health_answers_under_load_never_429(server, images):
         ]
         statuses = set(load)
     assert probes == [200] * 20 and statuses <= {200, 429}
+
+
+@pytest.fixture(scope="module")
+def kserve_python(tmp_path_factory) -> Path:
+    """A virtualenv with PyPI's `kserve` (about 40 s): installed beside the project's own, kserve's
+    dependencies would change the server under test (uvicorn would pick up httptools and uvloop)."""
+    venv = tmp_path_factory.mktemp("kserve") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "kserve>=0.15,<1"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    return venv / "bin" / "python"
+
+
+def test_kserves_own_rest_client_speaks_to_it(server, eager, images, kserve_python, tmp_path):
+    pictures, _ = images
+    _, transform = eager
+    tensor = torch.stack([transform(p) for p in pictures[:3]]).numpy()
+    np.save(tmp_path / "tensor.npy", tensor)
+    script = Path(__file__).parent / "clients" / "kserve_client.py"
+    ran = subprocess.run(
+        [str(kserve_python), str(script), server.url, NAME, str(tmp_path / "tensor.npy")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    found = json.loads(ran.stdout)
+    assert found["live"] and found["ready"] and found["model_ready"]
+    expected = eager_logits(eager, pictures[:3])
+    for binary in (False, True):
+        answer = found[f"binary={binary}"]
+        assert answer["id"] == f"kserve-{binary}"
+        np.testing.assert_allclose(answer["outputs"]["logits"], expected, atol=1e-4, rtol=1e-4)
