@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel, limit_round  # noqa: E402
-from bench.load import load_levels, wrk_available  # noqa: E402
+from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.serve_throughput import CONCURRENCY  # noqa: E402
 from bench.workload import make_jpegs, make_model, write_jpegs  # noqa: E402
@@ -71,7 +71,7 @@ def main() -> int:
             ) as server:
                 server.wait_ready()
                 figures[precision] = load_levels(
-                    args.client, server.url, server.proc.pid, jpegs, CONCURRENCY, args.seconds
+                    args.client, server.url, server.proc.pid, uploads(jpegs), CONCURRENCY, args.seconds
                 )
         rounds.append(figures)
     median = median_of_rounds(rounds)

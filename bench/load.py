@@ -1,7 +1,9 @@
-"""Load for the serving benchmarks: JPEG uploads to `/classify` at a fixed concurrency, and the CPU it cost.
+"""Load for the serving benchmarks: one image per request at a fixed concurrency, and the CPU it cost.
 
-Uploads are multipart forms (field `image`, as a browser or `curl -F` sends them), or with raw=True the JPEG
-itself as the body (`Content-Type: image/jpeg`), which our service also takes.
+Each image goes as one of the `FORMS` (`uploads`): a multipart form to `/classify` (field `image`, as a browser
+or `curl -F` sends it), the JPEG itself as the body (`Content-Type: image/jpeg`), or the Open Inference
+Protocol's binary infer, as tritonclient sends it (no Content-Type; `Inference-Header-Content-Length`),
+carrying the JPEG as a BYTES `image` or the already preprocessed FP32 `input`.
 
 Two clients, both closed loops (each of `concurrency` connections sends its next request when the last one
 is answered):
@@ -31,6 +33,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ import numpy as np
 import psutil
 
 BOUNDARY = "handoff-bench-boundary"
+MULTIPART_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
 CPUS = os.cpu_count() or 1
 
 # wrk's Lua side: one prebuilt multipart body per JPEG, sent in turn; done() prints the figures as JSON.
@@ -62,16 +67,17 @@ response = function(status, headers, body)
 end
 local bodies, next_body = {}, 0
 local folder, count = "%(folder)s", %(count)d
+local headers = {%(headers)s}
 for i = 0, count - 1 do
   local f = assert(io.open(string.format("%%s/%%03d.body", folder, i), "rb"))
   bodies[i] = f:read("*all")
   f:close()
 end
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "%(content_type)s"
 request = function()
   next_body = (next_body + 1) %% count
-  return wrk.format(nil, nil, nil, bodies[next_body])
+  local fresh = {}  -- wrk.format adds Host and Content-Length to the table it is given
+  for name, value in pairs(headers[next_body]) do fresh[name] = value end
+  return wrk.format("POST", "%(path)s", fresh, bodies[next_body])
 end
 done = function(summary, latency, requests)
   local e = summary.errors
@@ -94,6 +100,47 @@ def multipart_body(jpeg: bytes) -> bytes:
         "Content-Type: image/jpeg\r\n\r\n"
     ).encode()
     return head + jpeg + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One prepared request for one image: where it goes, its headers and its body."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+def _infer(name: str, datatype: str, shape: list[int], binary: bytes, model: str) -> Upload:
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": name, "datatype": datatype, "shape": shape, "parameters": {"binary_data_size": len(binary)}}
+            ]
+        }
+    ).encode()
+    return Upload(f"/v2/models/{model}/infer", {"Inference-Header-Content-Length": str(len(header))}, header + binary)
+
+
+def _oip_image(jpeg: bytes, model: str) -> Upload:
+    return _infer("image", "BYTES", [1, 1], len(jpeg).to_bytes(4, "little") + jpeg, model)
+
+
+def _oip_tensor(tensor: np.ndarray, model: str) -> Upload:
+    return _infer("input", "FP32", [1, *tensor.shape], np.ascontiguousarray(tensor, "<f4").tobytes(), model)
+
+
+FORMS: dict[str, Callable[..., Upload]] = {
+    "multipart": lambda jpeg, model: Upload("/classify", {"Content-Type": MULTIPART_TYPE}, multipart_body(jpeg)),
+    "raw": lambda jpeg, model: Upload("/classify", {"Content-Type": "image/jpeg"}, jpeg),
+    "oip_image": _oip_image,
+    "oip_tensor": _oip_tensor,  # takes the preprocessed tensor of each image, not its JPEG
+}
+
+
+def uploads(images: list[Any], form: str = "multipart", model: str = "handoff") -> list[Upload]:
+    """One request per image in `form`: JPEG bytes for every form but oip_tensor, which takes C x H x W arrays."""
+    return [FORMS[form](image, model) for image in images]
 
 
 def wrk_available() -> bool:
@@ -164,22 +211,22 @@ def _with_cpu(
     return result
 
 
-MULTIPART_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
-
-
-def load_wrk(
-    url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float, raw: bool
-) -> dict[str, Any]:
+def load_wrk(url: str, server_pid: int, requests: list[Upload], concurrency: int, seconds: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wrk-") as folder:
-        for i, jpeg in enumerate(jpegs):
-            Path(folder, f"{i:03d}.body").write_bytes(jpeg if raw else multipart_body(jpeg))
+        for i, upload in enumerate(requests):
+            Path(folder, f"{i:03d}.body").write_bytes(upload.body)
         script = Path(folder, "upload.lua")
-        content_type = "image/jpeg" if raw else MULTIPART_TYPE
-        script.write_text(WRK_SCRIPT % {"folder": folder, "count": len(jpegs), "content_type": content_type})
+        headers = ", ".join(
+            f"[{i}] = {{{', '.join(f'[{json.dumps(k)}] = {json.dumps(v)}' for k, v in upload.headers.items())}}}"
+            for i, upload in enumerate(requests)
+        )
+        script.write_text(
+            WRK_SCRIPT % {"folder": folder, "count": len(requests), "headers": headers, "path": requests[0].path}
+        )
         cmd = ["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds:g}s", "--timeout", "120s", "-s", str(script)]
         server_before = tree_cpu_seconds(server_pid)
         started = time.perf_counter()
-        process = subprocess.Popen([*cmd, f"{url}/classify"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([*cmd, url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         steady = SteadyServerCpu(server_pid, seconds)
         assert process.stdout is not None
         output = process.stdout.read().decode()
@@ -202,7 +249,7 @@ def load_wrk(
     return _with_cpu(result, figures["requests"], wall, usage.ru_utime + usage.ru_stime, server_cpu, steady)
 
 
-async def _load_httpx(url: str, jpegs: list[bytes], concurrency: int, seconds: float, raw: bool) -> tuple[dict, int]:
+async def _load_httpx(url: str, requests: list[Upload], concurrency: int, seconds: float) -> tuple[dict, int]:
     latencies: list[float] = []
     answers: list[float] = []  # when each image was answered (time.monotonic)
     errors = 0
@@ -213,11 +260,8 @@ async def _load_httpx(url: str, jpegs: list[bytes], concurrency: int, seconds: f
         i = offset
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
-            jpeg = jpegs[i % len(jpegs)]
-            if raw:
-                response = await client.post(f"{url}/classify", content=jpeg, headers={"content-type": "image/jpeg"})
-            else:
-                response = await client.post(f"{url}/classify", files={"image": ("photo.jpg", jpeg, "image/jpeg")})
+            upload = requests[i % len(requests)]
+            response = await client.post(f"{url}{upload.path}", content=upload.body, headers=upload.headers)
             latencies.append(time.perf_counter() - t0)
             errors += response.status_code != 200
             if response.status_code == 200:
@@ -241,13 +285,11 @@ async def _load_httpx(url: str, jpegs: list[bytes], concurrency: int, seconds: f
     return result, len(latencies)
 
 
-def load_httpx(
-    url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float, raw: bool
-) -> dict[str, Any]:
+def load_httpx(url: str, server_pid: int, requests: list[Upload], concurrency: int, seconds: float) -> dict[str, Any]:
     server_before, client_before = tree_cpu_seconds(server_pid), time.process_time()
     started = time.perf_counter()
     steady = SteadyServerCpu(server_pid, seconds)
-    result, images = asyncio.run(_load_httpx(url, jpegs, concurrency, seconds, raw))
+    result, images = asyncio.run(_load_httpx(url, requests, concurrency, seconds))
     wall = time.perf_counter() - started
     client_cpu, server_cpu = time.process_time() - client_before, tree_cpu_seconds(server_pid) - server_before
     return _with_cpu(result, images, wall, client_cpu, server_cpu, steady)
@@ -256,30 +298,21 @@ def load_httpx(
 CLIENTS = {"wrk": load_wrk, "httpx": load_httpx}
 
 
-def warm_up(url: str, jpegs: list[bytes], count: int = 8) -> None:
+def warm_up(url: str, requests: list[Upload], count: int = 8) -> None:
     """A few requests first, so no side pays its first-call costs inside the measured window."""
     with httpx.Client(timeout=120) as client:
-        for jpeg in jpegs[:count]:
-            response = client.post(f"{url}/classify", files={"image": ("photo.jpg", jpeg, "image/jpeg")})
-            response.raise_for_status()
+        for upload in requests[:count]:
+            client.post(f"{url}{upload.path}", content=upload.body, headers=upload.headers).raise_for_status()
 
 
-def load(
-    client: str, url: str, server_pid: int, jpegs: list[bytes], concurrency: int, seconds: float, raw: bool = False
-) -> dict:
+def load(client: str, url: str, server_pid: int, requests: list[Upload], concurrency: int, seconds: float) -> dict:
     """Images/s, p50/p99 latency, errors, and client and server CPU, for `seconds` of load at `concurrency`."""
-    return CLIENTS[client](url, server_pid, jpegs, concurrency, seconds, raw)
+    return CLIENTS[client](url, server_pid, requests, concurrency, seconds)
 
 
 def load_levels(
-    client: str,
-    url: str,
-    server_pid: int,
-    jpegs: list[bytes],
-    levels: tuple[int, ...],
-    seconds: float,
-    raw: bool = False,
+    client: str, url: str, server_pid: int, requests: list[Upload], levels: tuple[int, ...], seconds: float
 ) -> dict[str, dict]:
     """A warm-up, then `load` at each concurrency level in turn, keyed by the level as text (as in the JSON)."""
-    warm_up(url, jpegs)
-    return {str(c): load(client, url, server_pid, jpegs, c, seconds, raw) for c in levels}
+    warm_up(url, requests)
+    return {str(c): load(client, url, server_pid, requests, c, seconds) for c in levels}

@@ -11,6 +11,10 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
   async), with our preprocessing and session settings;
 - ours: `bentoml serve` with serve/service.py, the same multipart uploads;
 - ours_raw_body: the same service sent each JPEG as the body itself (`Content-Type: image/jpeg`);
+- ours_oip_image: the same service and JPEGs through the Open Inference Protocol's binary infer, each JPEG a
+  BYTES `image` (as tritonclient sends it);
+- ours_oip_tensor: the protocol's binary infer with each image already preprocessed, an FP32 `input` (the
+  same images, the decoding done by the client);
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
   (HANDOFF_WORKERS; each worker's model then runs on one thread).
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
@@ -34,15 +38,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.checks import assert_provider  # noqa: E402
 from bench.limit import InProcessModel, limit_round  # noqa: E402
-from bench.load import load_levels, wrk_available  # noqa: E402
+from bench.load import Upload, load_levels, uploads, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
+from export.manifest import read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
+from serve.preprocess import Preprocessor  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
-SERVICES = ("peer_minimal", "peer_batched", "ours", "ours_raw_body", "ours_per_core")
-OURS = ("ours", "ours_raw_body", "ours_per_core")
+SERVICES = (
+    "peer_minimal",
+    "peer_batched",
+    "ours",
+    "ours_raw_body",
+    "ours_oip_image",
+    "ours_oip_tensor",
+    "ours_per_core",
+)
+OURS = ("ours", "ours_raw_body", "ours_oip_image", "ours_oip_tensor", "ours_per_core")
+FORM = {"ours_raw_body": "raw", "ours_oip_image": "oip_image", "ours_oip_tensor": "oip_tensor"}  # else multipart
 CPU_ONLY = ("ours_per_core",)  # one worker per core is a CPU arrangement; on a GPU host it is one per GPU
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
 
@@ -69,12 +84,21 @@ def served_provider(name: str, server: BentoServer) -> str:
     return httpx.post(f"{server.url}/provider", json={}, timeout=10).json()["provider"]
 
 
+def requests_for(name: str, folder: Path, jpegs: list[bytes]) -> list[Upload]:
+    """What side `name` sends for each JPEG: its form of the same images."""
+    form = FORM.get(name, "multipart")
+    if form != "oip_tensor":
+        return uploads(jpegs, form)
+    preprocess = Preprocessor.from_manifest(read_manifest(folder)["preprocess"], max_pixels=10**9)
+    return uploads([preprocess(preprocess.decode(jpeg)) for jpeg in jpegs], form)
+
+
 def measure_service(name: str, folder: Path, device: str, log: Path, jpegs: list[bytes], args: Any) -> dict:
     with start(name, folder, device, log) as server:
         result: dict[str, Any] = {"ready_s": server.wait_ready()}  # launch to /readyz 200, warm-up included
         assert_provider(name, [served_provider(name, server)], device)
-        raw = name == "ours_raw_body"
-        result.update(load_levels(args.client, server.url, server.proc.pid, jpegs, CONCURRENCY, args.seconds, raw))
+        requests = requests_for(name, folder, jpegs)
+        result.update(load_levels(args.client, server.url, server.proc.pid, requests, CONCURRENCY, args.seconds))
         return result
 
 
@@ -125,6 +149,11 @@ def main() -> int:
         for ours in (n for n in OURS if n in args.sides):
             for peer in (p for p in PEERS if p in args.sides):
                 ratios[f"{ours}_over_{peer}_c{c}"] = median[ours][c]["images_per_s"] / median[peer][c]["images_per_s"]
+    for name in ("ours_oip_image", "ours_oip_tensor"):  # the protocol's goal: as fast as raw-body /classify
+        if name in args.sides and "ours_raw_body" in args.sides:
+            ratios[f"{name}_over_ours_raw_body_c64"] = (
+                median[name]["64"]["images_per_s"] / median["ours_raw_body"]["64"]["images_per_s"]
+            )
     for name in args.sides:
         at_64 = median[name]["64"]
         # the serving stack's CPU per image against the model's alone (the client aside)

@@ -26,7 +26,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel  # noqa: E402
-from bench.load import load, wrk_available  # noqa: E402
+from bench.load import load, uploads, wrk_available  # noqa: E402
 from bench.results import write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -48,13 +48,14 @@ def per_image_ms(before: dict[int, float], after: dict[int, float], images: floa
 def server_side(folder: Path, client: str, concurrency: int, seconds: float, log: Path) -> dict:
     with BentoServer(log, HANDOFF_MODEL_DIR=str(folder)) as server:
         server.wait_ready()
-        load(client, server.url, server.proc.pid, make_jpegs(), concurrency, 2, raw=True)  # warm-up
+        requests = uploads(make_jpegs(), "raw")
+        load(client, server.url, server.proc.pid, requests, concurrency, 2)  # warm-up
         workers = [
             p for p in psutil.Process(server.proc.pid).children(recursive=True) if "worker" in " ".join(p.cmdline())
         ]
         worker = max(workers, key=lambda p: p.memory_info().rss).pid  # the one that loaded the model
         before = thread_cpu(worker)
-        result = load(client, server.url, server.proc.pid, make_jpegs(), concurrency, seconds, raw=True)
+        result = load(client, server.url, server.proc.pid, requests, concurrency, seconds)
         after = thread_cpu(worker)
     return {
         "images_per_s": result["images_per_s"],

@@ -16,8 +16,6 @@ Exit status: 0 exported and parity passed; 2 bad input or usage (one line on std
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import logging
 import os
 import shutil
@@ -25,46 +23,21 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-import torch.nn as nn
 
 from export import bento
-from export.architecture import ModelSpec, load_weights, resolve_model
-from export.exporters import (
-    check_eval_mode,
-    export_aoti,
-    export_onnx,
-    export_pt2,
-    export_safetensors,
-    export_torchscript,
-)
-from export.inputs import parity_inputs
-from export.int8 import quantize, report_dict
-from export.manifest import (
-    AOTI,
-    DEFAULT_FORMATS,
-    FORMATS,
-    MANIFEST,
-    ONNX,
-    ONNX_INT8,
-    PT2,
-    SAFETENSORS,
-    TORCHSCRIPT,
-    ManifestError,
-    describe_artifacts,
-    embedded_fields,
-    is_export_folder,
-    new_manifest,
-    read_manifest,
-    write_manifest,
-)
-from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_precision, run_parity
+from export.architecture import load_weights, resolve_model
+from export.classifier_export import EXIT_OK, CheckOptions, tolerance_of, write_and_check
+from export.compare import choose_checkpoint
+from export.exporters import check_eval_mode
+from export.job import Job, log_loading, source_fields
+from export.manifest import DEFAULT_FORMATS, FORMATS, ONNX_INT8, is_export_folder, new_manifest
+from export.out_folder import check_out, passed, replace_folder
 from export.sources import read_source
+from export.steps import timed
+from export.tensor_export import tensor_job
 from export.unwrap import LoadMismatch
 from train.checkpoint import CheckpointError
 from train.class_names import check_class_names
@@ -72,8 +45,7 @@ from train.data import check_image_size
 
 log = logging.getLogger("export")
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_PARITY = 0, 2, 3
-EXPORT_BATCH = 2
+EXIT_BAD_INPUT = 2  # EXIT_OK (0) and EXIT_PARITY (3) come with the writers
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -87,8 +59,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     read.add_argument(
         "checkpoint",
         type=Path,
+        nargs="+",
         help="a .pt/.pth/.pth.tar/.ckpt/.bin/.safetensors file, or a folder: "
-        "torch.distributed.checkpoint (FSDP2, torchtitan step-N) or Accelerate save_state",
+        "torch.distributed.checkpoint (FSDP2, torchtitan step-N) or Accelerate save_state; several (one per "
+        "node, say) are compared tensor by tensor first: identical, the first is exported; different, exit 2",
+    )
+    read.add_argument(
+        "--pick",
+        type=int,
+        default=None,
+        help="with several checkpoints that differ: export the Nth (1-based) anyway (default: refuse)",
     )
     read.add_argument(
         "--arch",
@@ -107,6 +87,21 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--model",
         default=None,
         help="module:factory that builds your own nn.Module (called with num_classes= when it takes it)",
+    )
+    read.add_argument(
+        "--example",
+        type=Path,
+        default=None,
+        help="any model (with --model): a .pt (weights_only) or .npz holding one tensor or a dict of named "
+        "tensors: the inputs' names, dtypes and shapes, and the values parity runs on; dimension 0 is the batch",
+    )
+    read.add_argument(
+        "--dynamic",
+        action="append",
+        default=[],
+        metavar="NAME:DIM[,DIM]",
+        help="with --example: more dynamic dimensions of input NAME besides the batch, e.g. tokens:1 for a "
+        "sequence length (repeatable, once per input)",
     )
     read.add_argument(
         "--image-size", type=int, default=None, help="input side, when the checkpoint does not say (default: 224)"
@@ -234,24 +229,28 @@ def _labels(path: Path | None) -> list[str] | None:
     return check_class_names(lines, f"--labels={path}")
 
 
-def _versions() -> dict[str, str]:
-    import onnx
-    import onnxruntime
-    import torchvision
-
-    return {
-        "torch": str(torch.__version__),
-        "torchvision": torchvision.__version__,
-        "onnx": onnx.__version__,
-        "onnxruntime": onnxruntime.__version__,
-    }
-
-
-@contextlib.contextmanager
-def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
-    started = time.monotonic()
-    yield
-    timings[name] = round(time.monotonic() - started, 3)
+def classifier_job(
+    args: argparse.Namespace, checkpoint: Path, formats: list[str], device: torch.device, timings: dict[str, float]
+) -> Job:
+    labels = _labels(args.labels)
+    with timed(timings, "load"):
+        src = read_source(checkpoint, trust_pickle=args.trust_pickle, ema=args.ema)
+        spec = resolve_model(src, args.arch, args.model, args.image_size, labels)
+        if src.module is None or args.arch or args.model:
+            load_weights(spec, src, arch_is_a_name=not args.model)
+    log_loading(src, spec.unwrapped)
+    model = spec.model.float().eval()
+    check_eval_mode(model)
+    source = source_fields(checkpoint, src, spec.unwrapped)
+    dtype = "float16" if args.fp16 else "float32"
+    manifest = new_manifest(spec.arch, spec.classes, spec.preprocess, dtype, source, timings)
+    options = CheckOptions(args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop)
+    data = (src.meta or {}).get("data")
+    return Job(
+        manifest,
+        lambda folder: write_and_check(model, spec, data, formats, device, options, manifest, folder),
+        f"{spec.arch} ({spec.num_classes} classes)",
+    )
 
 
 def export(args: argparse.Namespace) -> int:
@@ -260,47 +259,26 @@ def export(args: argparse.Namespace) -> int:
     formats = _formats(args.formats)
     _check_numbers(args, formats)
     device = _device(args.device)
-    labels = _labels(args.labels)
-    with _timed(timings, "load"):
-        src = read_source(args.checkpoint, trust_pickle=args.trust_pickle, ema=args.ema)
-        spec = resolve_model(src, args.arch, args.model, args.image_size, labels)
-        if src.module is None or args.arch or args.model:
-            load_weights(spec, src, arch_is_a_name=not args.model)
-    if spec.unwrapped.removed:
-        log.info("removed wrapper prefixes: %s", ", ".join(spec.unwrapped.removed))
-    if src.device_tags and src.device_tags != ["cpu"]:
-        log.info("tensors saved on %s, loaded on the CPU", ", ".join(src.device_tags))
-    model = spec.model.float().eval()
-    check_eval_mode(model)
-
-    pre = spec.preprocess
-    source = {
-        "checkpoint": str(args.checkpoint.resolve()),
-        "sha256": src.sha256,
-        "container": src.kind,
-        "weights": f"EMA ({src.ema_key})" if src.ema_chosen else "trained",
-        "removed_prefixes": spec.unwrapped.removed,
-        "ignored_keys": spec.unwrapped.ignored[:20],
-        "device_tags": [t for t in src.device_tags if t != "cpu"],
-    }
-    manifest = new_manifest(spec.arch, spec.classes, pre, "float16" if args.fp16 else "float32", source, timings)
-    options = CheckOptions(args.fp16, _tolerance(args), args.samples, args.int8, args.max_accuracy_drop)
-    out = args.out or args.checkpoint.parent / f"{args.checkpoint.stem}.export"
-    _check_out(out, args.checkpoint)
+    checkpoint = choose_checkpoint(args.checkpoint, args.pick, args.trust_pickle, args.ema)
+    if args.example is not None:
+        job = tensor_job(args, checkpoint, formats, device, timings)
+    else:
+        job = classifier_job(args, checkpoint, formats, device, timings)
+    manifest = job.manifest
+    out = args.out or checkpoint.parent / f"{checkpoint.stem}.export"
+    check_out(out, checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp.", dir=out.parent))  # an unpredictable name
     os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the export from a service running as another user
     try:
-        status = _write_and_check(
-            model, spec, (src.meta or {}).get("data"), formats, device, options, manifest, staging
-        )
-        if status != EXIT_OK and is_export_folder(out) and _passed(out):
+        status = job.write(staging)
+        if status != EXIT_OK and is_export_folder(out) and passed(out):
             kept, out = out, out.with_name(out.name + ".failed")  # a good export survives a failed attempt
             log.warning(
                 "this attempt failed its checks: %s keeps the previous, passing export; the attempt is in %s", kept, out
             )
-            _check_out(out, args.checkpoint)
-        _replace_folder(staging, out)
+            check_out(out, checkpoint)
+        replace_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -321,145 +299,17 @@ def export(args: argparse.Namespace) -> int:
         return status
     if manifest["status"] == "not checked":
         print(
-            f"exported {spec.arch} weights to {out} in {seconds:.1f}s; parity NOT CHECKED (no format that computes: "
-            "add onnx, torchscript or pt2 to --formats); not registered, and the service will not serve it"
+            f"exported {manifest['arch']} weights to {out} in {seconds:.1f}s; parity NOT CHECKED (no format that "
+            "computes: add onnx, torchscript or pt2 to --formats); not registered, and the service will not serve it"
         )
         return EXIT_OK
     tag = None if args.no_bento else bento.register(out, manifest, args.name)
     print("\n".join(manifest["parity"]["summary"]))
     print(
-        f"exported {spec.arch} ({spec.num_classes} classes) to {out} in {seconds:.1f}s; parity passed"
+        f"exported {job.described} to {out} in {seconds:.1f}s; parity passed"
         + (f"; BentoML model {tag}" if tag else "")
     )
     return EXIT_OK
-
-
-@dataclass(frozen=True)
-class CheckOptions:
-    """How the artifacts are checked (from the command line)."""
-
-    fp16: bool
-    tolerance: Tolerance
-    samples: Path | None  # real images for parity and INT8 calibration, when the checkpoint names no data
-    int8: bool
-    max_accuracy_drop: float
-
-
-def _tolerance(args: argparse.Namespace) -> Tolerance:
-    default = DEFAULT_TOLERANCES["fp16" if args.fp16 else "fp32"]
-    return Tolerance(
-        args.atol if args.atol is not None else default.atol,
-        args.rtol if args.rtol is not None else default.rtol,
-        default.min_top1,
-    )
-
-
-def _write_and_check(
-    model: nn.Module,
-    spec: ModelSpec,
-    data: str | None,
-    formats: list[str],
-    device: torch.device,
-    options: CheckOptions,
-    manifest: dict[str, Any],
-    folder: Path,
-) -> int:
-    """Write every artifact into `folder`, check each against the eager `model`, and complete the manifest.
-    Returns the exit status: EXIT_OK, or EXIT_PARITY when parity or the INT8 gate failed."""
-    pre = spec.preprocess
-    example = torch.randn(EXPORT_BATCH, pre["channels"], pre["crop"], pre["crop"])
-    artifact_model = copy.deepcopy(model).half() if options.fp16 else model  # the fp32 model stays the reference
-    example_typed = example.half() if options.fp16 else example
-    exported: dict[str, dict] = {}
-    timings = manifest["timings"]
-    with torch.inference_mode(False), torch.no_grad():
-        if "onnx" in formats:
-            with _timed(timings, "onnx"):
-                exported["onnx"] = export_onnx(artifact_model, example_typed, folder / ONNX, embedded_fields(manifest))
-        fields = {k: manifest[k] for k in manifest if k not in ("source", "timings")}
-        if "pt2" in formats:
-            with _timed(timings, "pt2"):
-                exported["pt2"] = export_pt2(artifact_model, example_typed, folder / PT2, fields)
-        if "aoti" in formats:
-            with _timed(timings, "aoti"):
-                exported["aoti"] = export_aoti(artifact_model, example_typed, folder / AOTI)
-        if "torchscript" in formats:
-            with _timed(timings, "torchscript"):
-                exported["torchscript"] = export_torchscript(
-                    artifact_model, example_typed, folder / TORCHSCRIPT, fields
-                )
-        if "safetensors" in formats:
-            with _timed(timings, "safetensors"):
-                exported["safetensors"] = export_safetensors(artifact_model, folder / SAFETENSORS, spec.arch)
-    manifest["onnx"] = (
-        {
-            "opset": exported["onnx"]["opset"],
-            "external_data": exported["onnx"]["external_data"],
-            "input_name": "input",
-            "output_name": "logits",
-        }
-        if "onnx" in exported
-        else None
-    )
-
-    precision = pin_precision()
-    tol = options.tolerance
-    with _timed(timings, "parity"):
-        inputs, described = parity_inputs(pre, data, options.samples)
-        computing = set(formats) - {"safetensors"}
-        results = run_parity(model, folder, inputs, formats, device, options.fp16, tol) if computing else []
-    manifest["parity"] = parity_report(results, device, options.fp16, tol, precision, len(inputs), described)
-    int8_passed = True
-    if options.int8 and manifest["parity"]["pass"]:
-        with _timed(timings, "int8"):
-            report = quantize(folder / ONNX, folder / ONNX_INT8, pre, data, options.samples, options.max_accuracy_drop)
-        manifest["int8"] = {
-            "artifact": ONNX_INT8,
-            "method": "ONNX Runtime static quantization, QDQ, per-channel weights (S8), activations U8",
-            **report_dict(report),
-        }
-        manifest["parity"]["summary"].append(report.line())
-        exported["int8"] = {"files": [ONNX_INT8]}
-        int8_passed = report.passed
-    manifest["artifacts"] = describe_artifacts(folder, [f for e in exported.values() for f in e["files"]])
-    manifest["versions"] = _versions()
-    verdict = manifest["parity"]["pass"]
-    manifest["status"] = {True: "passed", False: "failed", None: "not checked"}[verdict]
-    write_manifest(folder, manifest)
-    return EXIT_PARITY if verdict is False or not int8_passed else EXIT_OK
-
-
-def _check_out(out: Path, checkpoint: Path) -> None:
-    """Refuse an output folder whose replacement would delete something that is not an export."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ValueError(f"--out={out}: exists and is not a folder; choose another --out")
-    resolved, source = out.resolve(), checkpoint.resolve()
-    if resolved == source or resolved in source.parents:
-        raise ValueError(f"--out={out}: holds the checkpoint being exported; choose another --out")
-    if out.exists() and any(out.iterdir()) and not is_export_folder(out):
-        raise ValueError(
-            f"--out={out}: exists and is not an export folder (no handoff {MANIFEST}); export replaces "
-            "only a previous export, so choose another --out or empty it yourself"
-        )
-
-
-def _passed(folder: Path) -> bool:
-    try:
-        read_manifest(folder)
-        return True
-    except ManifestError:
-        return False
-
-
-def _replace_folder(staging: Path, out: Path) -> None:
-    """Swap the finished folder in: `out` is never a half-written export. Only an export is replaced."""
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-        out.rename(old / out.name)
-        staging.rename(out)
-        shutil.rmtree(old)
-    else:
-        staging.rename(out)
 
 
 def main(argv: list[str] | None = None) -> int:

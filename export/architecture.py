@@ -178,6 +178,22 @@ def resolve_model(
     return ModelSpec(arch, num_classes, classes, preprocess, model, unwrapped)
 
 
+def build_user_model(src: Source, model_flag: str) -> tuple[nn.Module, Unwrapped]:
+    """Your own module (`--model module:factory`, called with no arguments) with the checkpoint's weights,
+    wrapper prefixes removed, loaded strictly: any other model than an image classifier."""
+    factory = _user_factory(model_flag)
+    try:
+        model = factory()
+    except TypeError as err:
+        raise ValueError(f"--model={model_flag}: calling it with no arguments failed ({err})") from None
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"--model={model_flag}: returned {type(model).__name__}, not an nn.Module")
+    state = src.module.state_dict() if src.module is not None else src.state_dict
+    unwrapped = unwrap_keys(state, set(model.state_dict()))
+    strict_load(model, unwrapped.state_dict, model_flag)
+    return model.eval(), unwrapped
+
+
 def load_weights(spec: ModelSpec, src: Source, arch_is_a_name: bool) -> None:
     """The strict load; when the keys do not fit but fit the same name in the other library, say so."""
     try:

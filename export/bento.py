@@ -13,7 +13,9 @@ def register(folder: Path, manifest: dict[str, Any], name: str = DEFAULT_NAME) -
     """Copy the export folder into a new model version; returns its tag (name:version)."""
     import bentoml
 
-    labels = {"arch": manifest["arch"], "num_classes": str(manifest["num_classes"])}
+    labels = {"arch": manifest["arch"], "task": manifest.get("task", "image-classification")}
+    if "num_classes" in manifest:
+        labels["num_classes"] = str(manifest["num_classes"])
     metadata = {"manifest_format": manifest["format"], "source_sha256": manifest["source"]["sha256"]}
     with bentoml.models.create(name, labels=labels, metadata=metadata) as model:
         for item in folder.iterdir():

@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from export.signature import TASK_IMAGE_CLASSIFICATION, classifier_signature
+from export.signature import TASK_IMAGE_CLASSIFICATION, TASK_TENSORS, Signature, classifier_signature
 
 MANIFEST_FORMAT = "handoff.manifest/1"
 MANIFEST = "manifest.json"
@@ -22,7 +22,7 @@ PT2, AOTI, ONNX_INT8 = "model.pt2", "model.aoti.pt2", "model.int8.onnx"
 FORMATS = {"onnx": ONNX, "pt2": PT2, "aoti": AOTI, "torchscript": TORCHSCRIPT, "safetensors": SAFETENSORS}
 DEFAULT_FORMATS = ("onnx", "pt2", "torchscript", "safetensors")  # aoti is opt-in: it compiles C++ (~30 s)
 # The manifest fields the ONNX file carries too (its metadata_props), so it describes itself alone.
-EMBEDDED_FIELDS = ("format", "arch", "num_classes", "classes", "input", "preprocess")
+EMBEDDED_FIELDS = ("format", "task", "signature", "arch", "num_classes", "classes", "input", "preprocess")
 
 
 class ManifestError(Exception):
@@ -67,6 +67,21 @@ def new_manifest(
         "preprocess": preprocess,
         "source": source,
         "timings": timings,  # seconds per phase, filled in as they finish
+    }
+
+
+def new_tensor_manifest(
+    arch: str, signature: Signature, dynamic: dict[str, list[int]], source: dict[str, Any], timings: dict[str, float]
+) -> dict[str, Any]:
+    """The manifest of any other model (`task` tensors): its signature instead of classes and preprocessing."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "task": TASK_TENSORS,
+        "signature": signature.to_dict(),
+        "arch": arch,
+        "dynamic": dynamic,  # the --dynamic dimensions beyond the batch, by input
+        "source": source,
+        "timings": timings,
     }
 
 

@@ -6,8 +6,11 @@ Compared: ONNX Runtime on the CPU provider, and on the CUDA provider where prese
 Inputs: real images through the model's own preprocessing plus random ones, in batches of 1, the
 export batch and a larger one, so the dynamic batch axis is exercised.
 
-An artifact passes when every logit satisfies |a - b| <= atol + rtol * |b| and its top-1 agrees with
-the reference on at least `min_top1` of the inputs.
+An artifact passes when every output satisfies |a - b| <= atol + rtol * max|b| over its row (`close_by_row`)
+and its top-1 agrees with the reference on at least `min_top1` of the inputs. The scale is the row's, not each
+element's: a diverged model (the ImageNet example run at its default learning rate on a small batch) reaches
+logits of 1.3e7, where float32 rounding alone moves a logit of 10.5 by 16; an element-wise rule failed that
+faithful export, while a perturbed weight still fails this one (tests/unit/test_parity_rule.py).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class Comparison:
     device: str
     max_abs_error: float
     max_rel_error: float  # max |a - b| / max |b|: relative to the logits' scale
-    top1_agreement: float
+    top1_agreement: float | None  # None for a model that is not a classifier
     passed: bool
 
 
@@ -60,12 +63,27 @@ def pin_precision() -> dict[str, Any]:
     return {"tf32": False, "cudnn_allow_tf32": False, "matmul_allow_tf32": False, "ort_cuda_use_tf32": 0}
 
 
-def _compare(reference: np.ndarray, other: np.ndarray, tol: Tolerance) -> tuple[float, float, float, bool]:
-    diff = np.abs(other.astype(np.float64) - reference.astype(np.float64))
+def close_by_row(reference: np.ndarray, other: np.ndarray, tol: Tolerance) -> tuple[float, float, bool]:
+    """(max abs error, max error relative to the output's scale, pass) for one output: floats within
+    atol + rtol x max|reference| over each row (dimension 0), integers and booleans exactly equal."""
+    if reference.shape != other.shape:
+        return float("inf"), float("inf"), False
+    if reference.dtype.kind in "biu":
+        wrong = int(np.count_nonzero(reference != other))
+        return float(wrong), float(wrong), wrong == 0
+    ref = reference.astype(np.float64)
+    diff = np.abs(other.astype(np.float64) - ref)
+    if not ref.size:
+        return 0.0, 0.0, True
+    scale = np.abs(ref).reshape(len(ref), -1).max(axis=1).reshape((-1,) + (1,) * (ref.ndim - 1))
     max_abs = float(diff.max())
-    max_rel = max_abs / max(float(np.abs(reference).max()), 1e-12)
+    max_rel = max_abs / max(float(np.abs(ref).max()), 1e-12)
+    return max_abs, max_rel, bool(np.all(diff <= tol.atol + tol.rtol * scale))
+
+
+def _compare(reference: np.ndarray, other: np.ndarray, tol: Tolerance) -> tuple[float, float, float, bool]:
+    max_abs, max_rel, close = close_by_row(reference, other, tol)
     top1 = float((other.argmax(1) == reference.argmax(1)).mean())
-    close = bool(np.all(diff <= tol.atol + tol.rtol * np.abs(reference)))
     return max_abs, max_rel, top1, close and top1 >= tol.min_top1
 
 
@@ -175,14 +193,15 @@ def summary_table(
     """The parity result as a few lines a person reads at a glance (printed, and kept in the manifest)."""
     lines = [
         f"parity against the eager model on {device} ({'fp16 artifacts' if fp16 else 'fp32, TF32 off'}; "
-        f"{num_inputs} inputs; pass: |diff| <= {tol.atol:g} + {tol.rtol:g} x |ref| and top-1 >= "
+        f"{num_inputs} inputs; pass: |diff| <= {tol.atol:g} + {tol.rtol:g} x max|ref| of the row and top-1 >= "
         f"{100 * tol.min_top1:g}%)",
         f"  {'artifact':<22} {'runtime / provider':<34} {'max abs':>9} {'max rel':>9} {'top-1':>7}  result",
     ]
     for r in results:
+        top1 = "-" if r.top1_agreement is None else f"{100 * r.top1_agreement:.1f}%"
         lines.append(
             f"  {r.artifact:<22} {r.runtime + ' / ' + r.provider:<34} {r.max_abs_error:9.2e} "
-            f"{r.max_rel_error:9.2e} {100 * r.top1_agreement:6.1f}%  {'pass' if r.passed else 'FAIL'}"
+            f"{r.max_rel_error:9.2e} {top1:>7}  {'pass' if r.passed else 'FAIL'}"
         )
     if not results:
         lines.append("  (no computing artifact: nothing to compare)")
@@ -197,17 +216,22 @@ def parity_report(
     precision: dict[str, Any],
     num_inputs: int,
     inputs_described: str,
+    skipped: dict[str, str] | None = None,
+    batch_sizes: list[int] | None = None,
 ) -> dict[str, Any]:
     """The manifest's `parity` block. With no computing artifact (safetensors only) nothing was compared:
-    `pass` is None ("not checked"), never True."""
+    `pass` is None ("not checked"), never True. `skipped`: formats that could not be written, and why."""
+    summary = summary_table(results, device, fp16, tol, num_inputs)
+    summary += [f"  {name:<22} skipped: {reason}" for name, reason in (skipped or {}).items()]
     return {
-        "summary": summary_table(results, device, fp16, tol, num_inputs),
+        "summary": summary,
         "device": str(device),
         "precision": {"policy": "fp16 artifacts vs fp32 eager" if fp16 else "fp32", **precision},
         "tolerance": asdict(tol),
-        "batch_sizes": list(BATCH_SIZES),
+        "batch_sizes": batch_sizes or list(BATCH_SIZES),
         "inputs": num_inputs,
         "inputs_described": inputs_described,
         "results": [asdict(r) for r in results],
+        "skipped": skipped or {},
         "pass": all(r.passed for r in results) if results else None,
     }

@@ -20,6 +20,11 @@ it before the answers of the last are sent. The event loop spends about 1.3 ms o
 (bench/server_threads.py), some 40 ms for a batch of 32, which the model would otherwise wait out with every
 batch at concurrency 64.
 
+Any model's requests carry named inputs (a dict of arrays) instead of one array, and only requests whose
+inputs agree beyond the batch dimension (shapes and dtypes: the same sequence length) share a batch: padding a
+shorter sequence would change what an unmasked model answers. A request of another shape waits for the next
+batch, in its turn.
+
 Overload: a request is refused at once with 503 when the model cannot finish it within max_latency_ms by
 the measured time per row, or when its turn comes after it has already waited that long.
 """
@@ -32,24 +37,61 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from bentoml.exceptions import ServiceUnavailable
 
+Rows = np.ndarray | dict[str, np.ndarray]  # a classifier's one input, or any model's inputs by name
+
+
+def _size(rows: Rows) -> int:
+    return len(rows) if isinstance(rows, np.ndarray) else len(next(iter(rows.values())))
+
+
+def _key(rows: Rows) -> tuple:
+    """What must agree for requests to share a batch: every input's shape beyond the batch, and dtype."""
+    arrays = {"": rows} if isinstance(rows, np.ndarray) else rows
+    return tuple((name, a.shape[1:], a.dtype.str) for name, a in sorted(arrays.items()))
+
+
+def _join(parts: list[Rows]) -> Rows:
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)  # type: ignore[arg-type]
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
+def _each(rows: Rows, change: Callable[[np.ndarray], np.ndarray]) -> Rows:
+    return change(rows) if isinstance(rows, np.ndarray) else {name: change(a) for name, a in rows.items()}
+
+
+def _split(outputs: Rows, sizes: list[int]) -> list[Rows]:
+    cuts = np.cumsum(sizes)[:-1]
+    if isinstance(outputs, np.ndarray):
+        return list(np.split(outputs, cuts))
+    pieces = {name: np.split(a, cuts) for name, a in outputs.items()}
+    return [{name: pieces[name][i] for name in outputs} for i in range(len(sizes))]
+
 
 @dataclass
 class _Job:
-    rows: np.ndarray
-    future: asyncio.Future[np.ndarray]
+    rows: Rows
+    future: asyncio.Future[Rows]
     queued_at: float = field(default_factory=time.monotonic)
+    size: int = 0
+    key: tuple = ()
+
+    def __post_init__(self) -> None:
+        self.size, self.key = _size(self.rows), _key(self.rows)
 
 
 class ModelBatcher:
-    """`await batcher(array N x ...)` -> the model's output for those N rows, batched with concurrent calls."""
+    """`await batcher(rows)` -> the model's output for those N rows, batched with concurrent calls. Rows are an
+    array N x ... (the model returns an array) or a dict of them, one per input (the model returns a dict)."""
 
     def __init__(
         self,
-        model: Callable[[np.ndarray], np.ndarray],
+        model: Callable[[Any], Any],
         max_batch_size: int,
         max_latency_ms: int,
         pad_to: list[int] | None = None,
@@ -68,12 +110,12 @@ class ModelBatcher:
         self.worker: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
 
-    async def __call__(self, batch: np.ndarray) -> np.ndarray:
-        if self._expected_wait_s(len(batch)) > self.max_latency_s:
+    async def __call__(self, batch: Rows) -> Any:
+        if self._expected_wait_s(_size(batch)) > self.max_latency_s:
             raise self._overloaded()
         job = _Job(batch, asyncio.get_running_loop().create_future())
         self.queue.append(job)
-        self.queued_rows += len(batch)
+        self.queued_rows += job.size
         if self.worker is None:  # started on the server's event loop, at the first request
             self.worker = asyncio.create_task(self._run_batches())
         self.wake.set()
@@ -90,22 +132,31 @@ class ModelBatcher:
         return ServiceUnavailable("overloaded: the model cannot answer within HANDOFF_MAX_LATENCY_MS")
 
     def _next_batch(self) -> list[_Job]:
-        """The queued jobs that fit in one batch, oldest first; a job that waited past the budget is refused."""
+        """The queued jobs that fit in one batch, oldest first, all of the oldest one's shape; a job that waited
+        past the budget is refused. Jobs of another shape keep their place in the queue."""
         jobs: list[_Job] = []
         rows = 0
         now = time.monotonic()
+        other_shapes: collections.deque[_Job] = collections.deque()
         # The oldest job always goes, even one larger than a batch (alone): a job the loop never took would
         # keep the worker spinning on the event loop.
-        while self.queue and (not jobs or rows + len(self.queue[0].rows) <= self.max_batch_size):
-            job = self.queue.popleft()
-            self.queued_rows -= len(job.rows)
+        while self.queue:
+            job = self.queue[0]
+            if jobs and job.key != jobs[0].key:
+                other_shapes.append(self.queue.popleft())
+                continue
+            if jobs and rows + job.size > self.max_batch_size:
+                break
+            self.queue.popleft()
+            self.queued_rows -= job.size
             if job.future.done():  # the caller left
                 continue
             if now - job.queued_at > self.max_latency_s:
                 job.future.set_exception(self._overloaded())
                 continue
             jobs.append(job)
-            rows += len(job.rows)
+            rows += job.size
+        self.queue.extendleft(reversed(other_shapes))
         return jobs
 
     async def _run_batches(self) -> None:
@@ -116,13 +167,13 @@ class ModelBatcher:
             while batch is not None:
                 jobs, running = batch
                 try:
-                    outputs: np.ndarray | Exception = await running
+                    outputs: Rows | Exception = await running
                 except Exception as err:  # noqa: BLE001 - every caller in the batch gets the model's error
                     outputs = err
                 batch = self._start_next()  # before answering: the model need not wait for the answers to go out
                 self._answer(jobs, outputs)
 
-    def _start_next(self) -> tuple[list[_Job], asyncio.Future[np.ndarray]] | None:
+    def _start_next(self) -> tuple[list[_Job], asyncio.Future[Rows]] | None:
         """The next batch handed to the model thread at once (no await in between), or None if nothing queued."""
         while self.queue:
             jobs = self._next_batch()
@@ -132,33 +183,32 @@ class ModelBatcher:
                 return jobs, running
         return None
 
-    def _padded(self, inputs: np.ndarray) -> np.ndarray:
+    def _padded(self, inputs: Rows) -> Rows:
         """`inputs` with zero rows added up to the next size in pad_to (as they are past the largest)."""
-        rows = len(inputs)
+        rows = _size(inputs)
         size = next((s for s in self.pad_to or () if s >= rows), rows)
         if size == rows:
             return inputs
-        return np.concatenate([inputs, np.zeros((size - rows, *inputs.shape[1:]), dtype=inputs.dtype)])
+        return _each(inputs, lambda a: np.concatenate([a, np.zeros((size - rows, *a.shape[1:]), dtype=a.dtype)]))
 
-    def _run_model(self, parts: list[np.ndarray]) -> np.ndarray:
+    def _run_model(self, parts: list[Rows]) -> Rows:
         """In the model thread: one batch of the callers' rows, joined (and padded) here, off the event loop."""
-        rows = sum(len(part) for part in parts)
+        rows = sum(_size(part) for part in parts)
         started = time.monotonic()
         if self.seconds_per_row is not None:
             self.running_until = started + rows * self.seconds_per_row
-        outputs = self.model(self._padded(np.concatenate(parts)))[:rows]
+        outputs = _each(self.model(self._padded(_join(parts))), lambda a: a[:rows])
         per_row = (time.monotonic() - started) / rows
         self.seconds_per_row = per_row if self.seconds_per_row is None else 0.8 * self.seconds_per_row + 0.2 * per_row
         return outputs
 
     @staticmethod
-    def _answer(jobs: list[_Job], outputs: np.ndarray | Exception) -> None:
+    def _answer(jobs: list[_Job], outputs: Rows | Exception) -> None:
         if isinstance(outputs, Exception):
             for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(outputs)
             return
-        sizes = [len(job.rows) for job in jobs]
-        for job, answer in zip(jobs, np.split(outputs, np.cumsum(sizes)[:-1]), strict=True):
+        for job, answer in zip(jobs, _split(outputs, [job.size for job in jobs]), strict=True):
             if not job.future.done():
                 job.future.set_result(answer)

@@ -8,11 +8,11 @@ wrong shape costs one walk down its first elements, not a conversion.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import numpy as np
+import orjson
 
 # The most characters one number takes in a JSON body, separators and indentation included: a float32 printed
 # in full ("-1.2345678901234567e-05", 23 characters) with ", " and a pretty-printer's newline and indent.
@@ -31,10 +31,8 @@ def max_json_bytes(max_rows: int, row_shape: tuple[int, ...]) -> int:
 
 def parse_json(body: bytes) -> Any:
     try:
-        return json.loads(body)
-    except RecursionError:
-        raise BadJson("the JSON body is nested too deeply") from None
-    except ValueError as err:  # malformed, not UTF-8, or an integer of thousands of digits
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as err:  # malformed, not UTF-8, too deep, NaN, or a number past a double
         raise BadJson(f"the body is not valid JSON ({str(err)[:120]})") from None
 
 

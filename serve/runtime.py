@@ -17,6 +17,7 @@ import numpy as np
 
 from export.manifest import ONNX, ONNX_DATA, ONNX_INT8, TORCHSCRIPT, read_artifact
 from export.ort_cuda import gpu_present, preload_cuda_libraries
+from export.signature import read_signature
 
 log = logging.getLogger("bentoml.handoff.runtime")
 
@@ -37,6 +38,8 @@ class Runtime(Protocol):
     artifact: str  # the manifest-listed file it was built from (set by load_runtime)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray: ...
+
+    def run_named(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
 def onnx_providers(device: str, tensorrt_cache: str | None = None) -> list[Any]:
@@ -109,12 +112,20 @@ class OnnxRuntime:
         logits = self.session.run(None, {self.input_name: batch.astype(self.dtype, copy=False)})[0]
         return logits.astype(np.float32, copy=False)
 
+    def run_named(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Any model: its inputs by name -> its outputs by name (an input the graph does not use is dropped)."""
+        feed = {i.name: inputs[i.name] for i in self.session.get_inputs()}
+        names = [o.name for o in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(None, feed), strict=True))
+
 
 class TorchScriptRuntime:
     name = "torchscript"
     artifact: str  # set by load_runtime
 
-    def __init__(self, model: bytes, device: str, dtype: str, threads: int | None = None) -> None:
+    def __init__(
+        self, model: bytes, manifest: dict[str, Any], device: str, dtype: str, threads: int | None = None
+    ) -> None:
         try:
             import torch
         except ImportError:
@@ -136,11 +147,21 @@ class TorchScriptRuntime:
             raise RuntimeUnavailable(f"{TORCHSCRIPT}: torch cannot load it ({_first_line(err)})") from None
         self.provider, self.device = "torch", self.torch_device.type
         self.dtype = torch.float16 if dtype == "float16" else torch.float32
+        signature = read_signature(manifest)
+        self.inputs = [t.name for t in signature.inputs]
+        self.outputs = [t.name for t in signature.outputs]
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         with self.torch.inference_mode():
             inputs = self.torch.from_numpy(batch).to(self.torch_device, self.dtype)
             return self.module(inputs).float().cpu().numpy()
+
+    def run_named(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Any model: the inputs in the signature's order, the outputs (a tuple, as exported) by its names."""
+        with self.torch.inference_mode():
+            tensors = [self.torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in self.inputs]
+            outputs = self.module(*(t.to(self.torch_device) for t in tensors))
+        return {n: t.cpu().numpy() for n, t in zip(self.outputs, outputs, strict=True)}
 
 
 def _first_line(err: Exception) -> str:
@@ -185,7 +206,7 @@ def load_runtime(
         raise RuntimeUnavailable(f"HANDOFF_DEVICE={device!r}: choose one of {', '.join(DEVICES)}")
     artifact = runtime_artifact(kind, precision, manifest)
     model = read_artifact(folder, manifest, artifact)
-    dtype = manifest["input"]["dtype"]
+    dtype = manifest.get("input", {}).get("dtype", "float32")  # a classifier's artifacts may be float16
     runtime: Runtime
     if kind == "onnx":
         external = (manifest.get("onnx") or {}).get("external_data") and artifact == ONNX
@@ -198,7 +219,7 @@ def load_runtime(
             threads,
         )
     else:
-        runtime = TorchScriptRuntime(model, device, dtype, threads)
+        runtime = TorchScriptRuntime(model, manifest, device, dtype, threads)
     runtime.artifact = artifact
     log.info("runtime %s on %s (%s)", runtime.name, runtime.device, runtime.provider)
     return runtime

@@ -28,9 +28,9 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
 from export.manifest import ManifestError, read_manifest
-from export.signature import read_signature, read_task
+from export.signature import TASK_IMAGE_CLASSIFICATION, read_signature, read_task
 from serve.auth import PROBES, ApiKeyGate
-from serve.batching import ModelBatcher
+from serve.batching import ModelBatcher, Rows
 from serve.config import ServeConfig
 from serve.connections import ConnectionLimits
 from serve.connections import install as install_connection_limits
@@ -39,11 +39,13 @@ from serve.handlers import RequestError, classify_image, form_fields, predict_te
 from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
 from serve.logs import install_log_filters
 from serve.metrics_labels import bound_metric_labels
-from serve.oip import IMAGE_INPUT, ProtocolSurface, known_paths, open_paths, select_outputs
+from serve.oip import ProtocolSurface, known_paths, open_paths
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
+from serve.oip_infer import classifier_infer, tensor_infer
 from serve.page import PAGE, PAGE_HEADERS
 from serve.preprocess import BadImage, Preprocessor
 from serve.runtime import RuntimeUnavailable, load_runtime, softmax
+from serve.tensor_inputs import json_inputs, model_inputs
 
 log = logging.getLogger("bentoml.handoff")  # under "bentoml", so `bentoml serve` shows it
 CONFIG = ServeConfig()
@@ -123,10 +125,13 @@ class HandoffClassifier:
             CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None,
             self.model_threads,
         )
+        self.task, self.signature = read_task(self.manifest), read_signature(self.manifest)
+        self.classes: list[str] | None = None
+        if self.task != TASK_IMAGE_CLASSIFICATION:
+            return  # any model: no warm-up, since the values a dynamic dimension takes are not known in advance
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
         self.classes = self.manifest["classes"]
-        self.task, self.signature = read_task(self.manifest), read_signature(self.manifest)
         for size in CONFIG.batch_buckets():  # so the first real request is not the slow one
             self.runtime(np.zeros((size, *self.input_shape), dtype=np.float32))
 
@@ -141,12 +146,13 @@ class HandoffClassifier:
         if self.not_ready is not None:
             raise RequestError(f"model not ready: {self.not_ready}", status=503)
 
-    async def _logits(self, batch: np.ndarray) -> np.ndarray:
+    async def batched(self, rows: Rows) -> Any:
+        """The model's answer for `rows`, batched with every other request: a classifier's logits for an array
+        N x C x H x W, any model's outputs by name for its inputs by name."""
         if self.batcher is None:  # created on the server's event loop, at the first request
-            self.batcher = ModelBatcher(
-                self.runtime, CONFIG.max_batch_size, CONFIG.max_latency_ms, self._padded_batch_sizes()
-            )
-        return await self.batcher(batch)
+            model = self.runtime if self.task == TASK_IMAGE_CLASSIFICATION else self.runtime.run_named
+            self.batcher = ModelBatcher(model, CONFIG.max_batch_size, CONFIG.max_latency_ms, self._padded_batch_sizes())
+        return await self.batcher(rows)
 
     @bentoml.api
     async def classify(self, image: Path, top_k: int = 5) -> JSON:
@@ -160,10 +166,16 @@ class HandoffClassifier:
     async def classify_upload(self, upload: Path | bytes, top_k: int) -> dict[str, Any]:
         """The /classify answer for one image: the multipart form's file, or a raw body's bytes."""
         self._require_ready()
+        if self.classes is None:
+            raise RequestError(
+                f"/classify is for image classifiers; this model takes {self._input_names()}: POST /predict "
+                f'{{"inputs": {{...}}}} or /v2/models/{CONFIG.model_name}/infer',
+                status=404,
+            )
         if not 1 <= top_k <= 1000:
             raise RequestError(f"top_k={top_k}: must be between 1 and 1000")
         array = await anyio.to_thread.run_sync(self._prepare, upload, limiter=self.decoders)
-        probabilities = softmax(await self._logits(array[None]))[0]
+        probabilities = softmax(await self.batched(array[None]))[0]
         order = np.argsort(-probabilities)[: min(top_k, len(self.classes))]
         return {
             "predictions": [
@@ -188,10 +200,24 @@ class HandoffClassifier:
         return await self.predict_rows(self._tensor_rows({"tensor": tensor}))
 
     async def predict_json(self, body: bytes) -> dict[str, Any]:
-        """The /predict answer for a JSON body `{"tensor": N x C x H x W}`, parsed and checked in a thread."""
+        """The /predict answer for a JSON body, parsed and checked in a thread: a classifier's
+        `{"tensor": N x C x H x W}`, any model's `{"inputs": {name: nested list}}` -> `{"outputs": {...}}`."""
         self._require_ready()
-        batch = await anyio.to_thread.run_sync(self._parse_predict, body, limiter=self.decoders)
-        return await self.predict_rows(batch)
+        if self.task == TASK_IMAGE_CLASSIFICATION:
+            batch = await anyio.to_thread.run_sync(self._parse_predict, body, limiter=self.decoders)
+            return await self.predict_rows(batch)
+        inputs = await anyio.to_thread.run_sync(self._parse_inputs, body, limiter=self.decoders)
+        outputs = await self.batched(inputs)
+        return {"outputs": {name: value.tolist() for name, value in outputs.items()}}
+
+    def _parse_inputs(self, body: bytes) -> dict[str, np.ndarray]:
+        try:
+            return model_inputs(json_inputs(parse_json(body), self.signature), self.signature, CONFIG.max_batch_size)
+        except (BadJson, ProtocolError) as err:
+            raise RequestError(str(err)) from None
+
+    def _input_names(self) -> str:
+        return ", ".join(t.name for t in self.signature.inputs)
 
     def _parse_predict(self, body: bytes) -> np.ndarray:
         try:
@@ -209,34 +235,24 @@ class HandoffClassifier:
             raise RequestError(str(err)) from None
 
     async def predict_rows(self, batch: np.ndarray) -> dict[str, Any]:
-        logits = await self._logits(batch)
+        logits = await self.batched(batch)
         return {"logits": logits.tolist(), "probabilities": softmax(logits).tolist()}
 
     def max_predict_bytes(self) -> int:
-        """The largest /predict body worth reading: a full batch of this model's input, as JSON text."""
-        if self.not_ready is not None:
+        """The largest /predict body worth reading: a full batch of this model's input, as JSON text (any model
+        with a dynamic dimension: the body limit alone)."""
+        if self.not_ready is not None or self.task != TASK_IMAGE_CLASSIFICATION:
             return CONFIG.max_body_bytes
         return max_json_bytes(CONFIG.max_batch_size, self.input_shape)
 
     async def protocol_infer(self, request: InferRequest) -> list[OutputTensor]:
-        """The protocol's infer: `input` (preprocessed rows) or `image` (encoded files, decoded and preprocessed
-        as /classify does) -> `logits` and `probabilities`, through the same batcher as every other route."""
-        unknown = sorted(set(request.inputs) - {"input", IMAGE_INPUT})
-        if unknown or len(request.inputs) != 1:
-            given = f"got {', '.join(sorted(request.inputs))}"
-            raise ProtocolError(f"send one input, 'input' (FP32 [N, ...]) or 'image' (BYTES [N]); {given}")
-        if IMAGE_INPUT in request.inputs:
-            files = request.inputs[IMAGE_INPUT]
-            if len(files.shape) not in (1, 2) or files.shape[1:] not in ((), (1,)) or files.datatype != "BYTES":
-                raise ProtocolError(f"input 'image' must be BYTES of shape [N] or [N, 1], got {list(files.shape)}")
-            self._check_rows(len(files.value))
-            batch = await anyio.to_thread.run_sync(self._prepare_files, files.value, limiter=self.decoders)
-        else:
-            batch = self._protocol_rows(request.inputs["input"])
-        logits = await self._logits(batch)
-        return select_outputs(request, {"logits": logits, "probabilities": softmax(logits)}, self.classes)
+        """The protocol's infer, through the same batcher as every other route (serve/oip_infer.py)."""
+        if self.task == TASK_IMAGE_CLASSIFICATION:
+            return await classifier_infer(self, request, CONFIG.max_batch_size)
+        return await tensor_infer(self, request, CONFIG.max_batch_size)
 
-    def _prepare_files(self, files: list[bytes]) -> np.ndarray:
+    def prepare_files(self, files: list[bytes]) -> np.ndarray:
+        """Encoded images -> the model's rows, each decoded and preprocessed as /classify does (in a thread)."""
         rows = []
         for index, data in enumerate(files):
             try:
@@ -244,25 +260,6 @@ class HandoffClassifier:
             except RequestError as err:
                 raise RequestError(f"image[{index}]: {err}", status=err.error_code.value) from None
         return np.stack(rows)
-
-    def _protocol_rows(self, tensor: Any) -> np.ndarray:
-        # FP64 and FP16 are converted (FP32 holds every FP16 value; FP64 is rounded as NumPy rounds); integers
-        # are refused: a model trained on floats given pixel values 0-255 would answer confidently and wrongly.
-        if tensor.datatype not in ("FP32", "FP64", "FP16"):
-            raise ProtocolError(f"input 'input' is FP32 (FP64 and FP16 are converted), not {tensor.datatype}")
-        if tensor.shape[1:] != self.input_shape or len(tensor.shape) != 1 + len(self.input_shape):
-            expected = ", ".join(map(str, self.input_shape))
-            raise ProtocolError(f"input 'input' has shape {list(tensor.shape)}; expected [N, {expected}]")
-        self._check_rows(tensor.shape[0])
-        batch = np.asarray(tensor.value, dtype=np.float32)
-        if not np.isfinite(batch).all():  # an FP64 value past float32's range became Inf
-            raise ProtocolError("input 'input' holds values beyond float32's range")
-        return batch
-
-    @staticmethod
-    def _check_rows(rows: int) -> None:
-        if not 1 <= rows <= CONFIG.max_batch_size:
-            raise ProtocolError(f"{rows} rows; send 1 to {CONFIG.max_batch_size} per request (HANDOFF_MAX_BATCH_SIZE)")
 
     def platform(self) -> str:
         """The model's platform as Triton names it."""
@@ -290,20 +287,21 @@ class HandoffClassifier:
         if self.not_ready is not None:
             return {"ready": False, "reason": self.not_ready, "version": VERSION}
         m = self.manifest
+        model: dict[str, Any] = {"arch": m["arch"], "task": self.task, "signature": self.signature.to_dict()}
+        if self.task == TASK_IMAGE_CLASSIFICATION:
+            model |= {k: m[k] for k in ("num_classes", "classes", "input", "preprocess")}
+        else:
+            model["dynamic"] = m.get("dynamic", {})
+        model |= {
+            "source": self._source(),
+            "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},
+            "sha256": m["artifacts"][self.runtime.artifact]["sha256"],
+            "folder": str(self.folder) if CONFIG.show_paths else self.folder.name,
+        }
         return {
             "ready": True,
             "version": VERSION,
-            "model": {
-                "arch": m["arch"],
-                "num_classes": m["num_classes"],
-                "classes": m["classes"],
-                "input": m["input"],
-                "preprocess": m["preprocess"],
-                "source": self._source(),
-                "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},
-                "sha256": m["artifacts"][self.runtime.artifact]["sha256"],
-                "folder": str(self.folder) if CONFIG.show_paths else self.folder.name,
-            },
+            "model": model,
             "runtime": self.runtime.name,
             "precision": CONFIG.precision,
             "provider": self.runtime.provider,

@@ -313,12 +313,12 @@ def test_parity_on_cuda(checkpoints, tmp_path: Path):
 
 def test_big_models_store_onnx_weights_as_external_data(tmp_path: Path):
     """Above the threshold (1 GiB by default; lowered here) the weights go to model.onnx.data."""
-    from export.exporters import export_onnx
+    from export.exporters import classifier_call, export_onnx
 
     model = fx.fresh_model()
     result = export_onnx(
         model,
-        torch.randn(2, 3, fx.SIZE, fx.SIZE),
+        classifier_call(torch.randn(2, 3, fx.SIZE, fx.SIZE)),
         tmp_path / "model.onnx",
         {"handoff.arch": fx.ARCH},
         external_data_bytes=0,

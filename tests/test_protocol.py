@@ -217,7 +217,7 @@ def test_hostile_bodies_get_400_and_the_server_stays_well(server, images):
                 f"{server.url}/v2/models/{NAME}/infer",
                 content=b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 1], "data": [NaN]}]}',
             ),
-            "NaN or Inf",
+            "not valid JSON",
         ),
         (
             "not an image",

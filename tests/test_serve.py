@@ -221,7 +221,7 @@ def bad_requests(url: str) -> list[tuple[str, int, str, httpx.Response]]:
         (
             "1e400 (JSON infinity)",
             400,
-            "NaN or Inf",
+            "infinity",
             httpx.post(
                 f"{url}/predict",
                 content=json.dumps({"tensor": np.zeros(shape).tolist()}).replace("0.0", "1e400", 1),

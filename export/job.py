@@ -1,0 +1,45 @@
+"""What one export is: its manifest, how its artifacts are written and checked, and its name in the last line;
+and the manifest's account of where the weights came from, which every kind of export records alike."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from export.sources import Source
+from export.unwrap import Unwrapped
+
+log = logging.getLogger("export")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One export: its manifest, how to write and check the artifacts into a folder (returning the exit status),
+    and how the result is named in the last line."""
+
+    manifest: dict[str, Any]
+    write: Callable[[Path], int]
+    described: str
+
+
+def source_fields(checkpoint: Path, src: Source, unwrapped: Unwrapped) -> dict[str, Any]:
+    """The manifest's `source`: where the weights came from and what was done to read them."""
+    return {
+        "checkpoint": str(checkpoint.resolve()),
+        "sha256": src.sha256,
+        "container": src.kind,
+        "weights": f"EMA ({src.ema_key})" if src.ema_chosen else "trained",
+        "removed_prefixes": unwrapped.removed,
+        "ignored_keys": unwrapped.ignored[:20],
+        "device_tags": [t for t in src.device_tags if t != "cpu"],
+    }
+
+
+def log_loading(src: Source, unwrapped: Unwrapped) -> None:
+    if unwrapped.removed:
+        log.info("removed wrapper prefixes: %s", ", ".join(unwrapped.removed))
+    if src.device_tags and src.device_tags != ["cpu"]:
+        log.info("tensors saved on %s, loaded on the CPU", ", ".join(src.device_tags))

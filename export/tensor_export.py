@@ -1,0 +1,168 @@
+"""Export any model the user trained (`--model module:factory --example FILE`): build it, load the checkpoint's
+weights, describe it by running the example, write ONNX, torch.export and TorchScript (where tracing works),
+and prove each against the eager model on the example's rows (export/tensor_parity.py).
+
+    python -m export ckpt.pth --model mypkg.models:TextClassifier --example example.pt --dynamic tokens:1
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from export.architecture import build_user_model
+from export.classifier_export import EXIT_OK, EXIT_PARITY, tolerance_of
+from export.exporters import (
+    ExportCall,
+    check_eval_mode,
+    export_aoti,
+    export_onnx,
+    export_pt2,
+    export_safetensors,
+    export_torchscript,
+)
+from export.job import Job, log_loading, source_fields
+from export.manifest import (
+    AOTI,
+    ONNX,
+    PT2,
+    SAFETENSORS,
+    TORCHSCRIPT,
+    describe_artifacts,
+    embedded_fields,
+    new_tensor_manifest,
+    write_manifest,
+)
+from export.parity import Tolerance, parity_report, pin_precision
+from export.sources import read_source
+from export.steps import library_versions, timed
+from export.tensor_model import (
+    Example,
+    SignatureModule,
+    describe,
+    dynamic_shapes,
+    load_example,
+    parse_dynamic,
+    traceable,
+)
+from export.tensor_parity import run_tensor_parity
+
+log = logging.getLogger("export")
+
+# Flags that describe an image classifier: with --example they would be silently meaningless, so they are refused.
+CLASSIFIER_ONLY = {
+    "int8": "--int8",
+    "fp16": "--fp16",
+    "labels": "--labels",
+    "arch": "--arch",
+    "image_size": "--image-size",
+    "samples": "--samples",
+}
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return (lines[0] if lines else type(err).__name__)[:300]
+
+
+def tensor_job(
+    args: argparse.Namespace, checkpoint: Path, formats: list[str], device: torch.device, timings: dict[str, float]
+) -> Job:
+    given = [flag for attr, flag in CLASSIFIER_ONLY.items() if getattr(args, attr)]
+    if given:
+        raise ValueError(f"{', '.join(given)}: for image classifiers; a model exported with --example takes none")
+    if args.model is None:
+        raise ValueError("--example describes your own model: add --model module:factory, which builds it")
+    example = load_example(args.example)
+    dynamic = parse_dynamic(args.dynamic, example)
+    with timed(timings, "load"):
+        src = read_source(checkpoint, trust_pickle=args.trust_pickle, ema=args.ema)
+        model, unwrapped = build_user_model(src, args.model)
+    check_eval_mode(model)
+    signature, wrapped = describe(model, example, dynamic)
+    log_loading(src, unwrapped)  # after the checks: a refused export prints its one line and nothing else
+    dims = {name: list(d) for name, d in dynamic.items()}
+    manifest = new_tensor_manifest(args.model, signature, dims, source_fields(checkpoint, src, unwrapped), timings)
+    tol = tolerance_of(args)
+    ins = ", ".join(t.name for t in signature.inputs)
+    outs = ", ".join(t.name for t in signature.outputs)
+    return Job(
+        manifest,
+        lambda folder: write_tensor_export(wrapped, example, dynamic, formats, device, tol, manifest, folder),
+        f"{args.model} (inputs {ins}; outputs {outs})",
+    )
+
+
+def write_tensor_export(
+    model: SignatureModule,
+    example: Example,
+    dynamic: dict[str, tuple[int, ...]],
+    formats: list[str],
+    device: torch.device,
+    tol: Tolerance,
+    manifest: dict[str, Any],
+    folder: Path,
+) -> int:
+    """Write every format into `folder`, check each against the eager model, complete the manifest; the exit
+    status. A model ONNX or torch.export cannot take is ValueError (exit 2, nothing kept); one TorchScript
+    cannot trace is listed as skipped, with the reason."""
+    call = ExportCall(
+        tuple(traceable(example).inputs.values()),
+        model.input_names,
+        model.output_names,
+        dynamic_shapes(example, dynamic),
+    )
+    fields = {k: manifest[k] for k in manifest if k not in ("source", "timings")}
+    writers: dict[str, tuple[str, Callable[[], dict]]] = {
+        "onnx": (ONNX, lambda: export_onnx(model, call, folder / ONNX, embedded_fields(manifest))),
+        "pt2": (PT2, lambda: export_pt2(model, call, folder / PT2, fields)),
+        "aoti": (AOTI, lambda: export_aoti(model, call, folder / AOTI)),
+        "torchscript": (TORCHSCRIPT, lambda: export_torchscript(model, call, folder / TORCHSCRIPT, fields)),
+        "safetensors": (SAFETENSORS, lambda: export_safetensors(model.model, folder / SAFETENSORS, manifest["arch"])),
+    }
+    exported: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    with torch.inference_mode(False), torch.no_grad():
+        for name in (f for f in writers if f in formats):
+            artifact, write = writers[name]
+            with timed(manifest["timings"], name):
+                try:
+                    exported[name] = write()
+                except Exception as err:  # noqa: BLE001 - the exporter's own words, then what to try
+                    if name == "torchscript":
+                        skipped[artifact] = f"torch.jit.trace cannot trace this model: {_first_line(err)}"
+                        continue
+                    others = [f for f in ("onnx", "pt2") if f != name]
+                    raise ValueError(
+                        f"the model cannot be exported to {name}: {_first_line(err)}; try --formats {','.join(others)}"
+                    ) from None
+    manifest["onnx"] = (
+        {"opset": exported["onnx"]["opset"], "external_data": exported["onnx"]["external_data"]}
+        if "onnx" in exported
+        else None
+    )
+    precision = pin_precision()
+    with timed(manifest["timings"], "parity"):
+        results, cases = run_tensor_parity(model, folder, example, dynamic, list(exported), device, tol)
+    manifest["parity"] = parity_report(
+        results,
+        device,
+        False,
+        tol,
+        precision,
+        example.rows,
+        f"the example's own rows ({example.described()}): {'; '.join(cases)}",
+        skipped=skipped,
+        batch_sizes=sorted({1, 2, example.rows}),
+    )
+    manifest["artifacts"] = describe_artifacts(folder, [f for e in exported.values() for f in e["files"]])
+    manifest["versions"] = library_versions()
+    verdict = manifest["parity"]["pass"]
+    manifest["status"] = {True: "passed", False: "failed", None: "not checked"}[verdict]
+    write_manifest(folder, manifest)
+    return EXIT_PARITY if verdict is False else EXIT_OK

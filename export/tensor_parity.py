@@ -1,0 +1,99 @@
+"""Parity for any model: every artifact against the eager model, on the example's own rows.
+
+Cases: the first row, two rows, every row of the example (the batch dimension at three sizes), and for each
+length the `--dynamic` dimensions share, the example cut to about half of it (a truncated sequence), where
+that leaves at least 2 (torch.export fixes a dimension of size 1). Each output is held to `close_by_row`
+(floats within atol + rtol x the row's scale; integers and booleans exactly), per case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.manifest import ONNX, PT2, TORCHSCRIPT
+from export.parity import Comparison, Tolerance, _onnx_session, close_by_row
+from export.tensor_model import Example, SignatureModule
+
+Runner = Callable[[Example], list[np.ndarray]]
+
+
+def parity_cases(example: Example, dynamic: dict[str, tuple[int, ...]]) -> list[tuple[str, Example]]:
+    rows = example.rows
+    cases = [("1 row", example.select([0])), ("2 rows", example.select([0, 1 % rows]))]
+    if rows > 2:
+        cases.append((f"{rows} rows", example))
+    lengths = sorted({example.inputs[n].shape[d] for n, dims in dynamic.items() for d in dims})
+    for length in lengths:
+        shorter = max(2, length // 2)
+        if shorter < length:
+            cases.append((f"length {length} cut to {shorter}", example.narrowed(dynamic, shorter, length)))
+    return cases
+
+
+def _numpy(outputs: Any) -> list[np.ndarray]:
+    return [o.detach().cpu().numpy() for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
+
+
+def _runners(folder: Path, formats: list[str], device: torch.device) -> list[tuple[str, str, str, str, Runner]]:
+    runners: list[tuple[str, str, str, str, Runner]] = []
+    if "onnx" in formats:
+        session = _onnx_session(folder / ONNX, "CPUExecutionProvider", 0)
+        names = [i.name for i in session.get_inputs()]
+
+        def run_onnx(case: Example) -> list[np.ndarray]:
+            return session.run(None, {n: case.inputs[n].numpy() for n in names})
+
+        runners.append((ONNX, "onnxruntime", "CPUExecutionProvider", "cpu", run_onnx))
+    if "pt2" in formats:
+        program = torch.export.load(str(folder / PT2)).module().to(device)
+
+        def run_pt2(case: Example) -> list[np.ndarray]:
+            with torch.inference_mode():
+                return _numpy(program(*(t.to(device) for t in case.inputs.values())))
+
+        runners.append((PT2, "torch.export", "torch", device.type, run_pt2))
+    if "torchscript" in formats:
+        scripted = torch.jit.load(str(folder / TORCHSCRIPT), map_location=device).eval()
+
+        def run_ts(case: Example) -> list[np.ndarray]:
+            with torch.inference_mode():
+                return _numpy(scripted(*(t.to(device) for t in case.inputs.values())))
+
+        runners.append((TORCHSCRIPT, "torchscript", "torch", device.type, run_ts))
+    return runners
+
+
+def run_tensor_parity(
+    model: SignatureModule,
+    folder: Path,
+    example: Example,
+    dynamic: dict[str, tuple[int, ...]],
+    formats: list[str],
+    device: torch.device,
+    tol: Tolerance,
+) -> tuple[list[Comparison], list[str]]:
+    """Each written artifact against the eager `model` on every case; and the cases' descriptions."""
+    model = model.to(device).eval()
+    cases = parity_cases(example, dynamic)
+    with torch.inference_mode():
+        references = [_numpy(model(*(t.to(device) for t in case.inputs.values()))) for _, case in cases]
+    results = []
+    for artifact, runtime, provider, where, run in _runners(folder, formats, device):
+        worst_abs, worst_rel, passed = 0.0, 0.0, True
+        for (_, case), reference in zip(cases, references):
+            try:
+                outputs = run(case)
+            except Exception:  # noqa: BLE001 - an artifact that cannot run a case fails parity, it does not crash
+                worst_abs = worst_rel = float("inf")
+                passed = False
+                continue
+            for expected, got in zip(reference, outputs, strict=True):
+                max_abs, max_rel, close = close_by_row(expected, np.asarray(got), tol)
+                worst_abs, worst_rel, passed = max(worst_abs, max_abs), max(worst_rel, max_rel), passed and close
+        results.append(Comparison(artifact, runtime, provider, where, worst_abs, worst_rel, None, passed))
+    return results, [name for name, _ in cases]

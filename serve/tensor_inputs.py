@@ -1,0 +1,82 @@
+"""Any model's request, checked against its signature before it reaches the batcher: the inputs it names, their
+datatypes and shapes, one batch size for all, within HANDOFF_MAX_BATCH_SIZE, finite floats.
+
+Conversions: a float input is taken as FP16, FP32 or FP64 and converted to the model's float type; an integer
+input as any integer type whose values fit the model's (JSON's numbers arrive as int64). Anything else
+(floats for integers, integers for floats, booleans for numbers) is refused: a silent cast would answer a
+different question than the one asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from export.signature import Signature, TensorSpec
+from serve.oip_codec import OIP_DATATYPE, ProtocolError, json_array
+
+
+def _convert(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    target = np.dtype(spec.dtype)
+    if array.dtype == target:
+        return array
+    if array.dtype.kind == "f" and target.kind == "f":
+        converted = array.astype(target)
+        if not np.isfinite(converted).all():
+            raise ProtocolError(f"input {spec.name!r}: values beyond {OIP_DATATYPE[spec.dtype]}'s range")
+        return converted
+    if array.dtype.kind in "iu" and target.kind in "iu":
+        info = np.iinfo(target)
+        if array.size and (array.min() < info.min or array.max() > info.max):
+            raise ProtocolError(f"input {spec.name!r}: a value is out of {OIP_DATATYPE[spec.dtype]}'s range")
+        return array.astype(target)
+    given = OIP_DATATYPE.get(array.dtype.name, array.dtype.name)
+    raise ProtocolError(f"input {spec.name!r} is {OIP_DATATYPE[spec.dtype]}, not {given}")
+
+
+def _check_shape(array: np.ndarray, spec: TensorSpec) -> None:
+    expected = "[" + ", ".join("N" if i == 0 else "*" if d == -1 else str(d) for i, d in enumerate(spec.shape)) + "]"
+    fits = array.ndim == len(spec.shape) and all(
+        want == -1 or got == want for got, want in zip(array.shape[1:], spec.shape[1:])
+    )
+    if not fits or 0 in array.shape[1:]:
+        raise ProtocolError(f"input {spec.name!r} has shape {list(array.shape)}; expected {expected} (*: any size)")
+
+
+def model_inputs(given: dict[str, np.ndarray], signature: Signature, max_rows: int) -> dict[str, np.ndarray]:
+    """`given`, checked and converted to what the model takes; ProtocolError (400) says what is wrong."""
+    names = [spec.name for spec in signature.inputs]
+    missing, unknown = sorted(set(names) - set(given)), sorted(set(given) - set(names))
+    if missing or unknown:
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
+            [f"unknown {', '.join(unknown)}"] if unknown else []
+        )
+        raise ProtocolError(f"inputs: {'; '.join(parts)}; this model takes {', '.join(names)}")
+    checked = {}
+    for spec in signature.inputs:
+        array = _convert(np.asarray(given[spec.name]), spec)
+        _check_shape(array, spec)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise ProtocolError(f"input {spec.name!r}: contains NaN or Inf")
+        checked[spec.name] = np.ascontiguousarray(array)
+    rows = {len(a) for a in checked.values()}
+    if len(rows) != 1:
+        sizes = ", ".join(f"{n} {len(a)}" for n, a in checked.items())
+        raise ProtocolError(f"inputs disagree on the batch (dimension 0): {sizes}")
+    (count,) = rows
+    if not 1 <= count <= max_rows:
+        raise ProtocolError(f"{count} rows; send 1 to {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)")
+    return checked
+
+
+def json_inputs(document: Any, signature: Signature) -> dict[str, np.ndarray]:
+    """POST /predict's `{"inputs": {name: nested list}}` as arrays of the model's datatypes (checked after)."""
+    if not isinstance(document, dict) or set(document) != {"inputs"} or not isinstance(document["inputs"], dict):
+        example = ", ".join(f'"{t.name}": [...]' for t in signature.inputs)
+        raise ProtocolError(f'expected a JSON object {{"inputs": {{{example}}}}}')
+    specs = {t.name: t for t in signature.inputs}
+    return {
+        name: json_array(value, OIP_DATATYPE[specs[name].dtype], name) if name in specs else np.asarray([])
+        for name, value in document["inputs"].items()
+    }

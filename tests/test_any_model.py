@@ -1,0 +1,357 @@
+"""Any model, the way the question's askers have one: their own classes (tests/user_models/models.py), trained
+by their own plain DDP script (torchrun, 2 gloo processes, `torch.save(model.state_dict())` on rank 0, every
+key `module.`-prefixed), exported with `--example`, served, and answering over HTTP what the eager model
+answers: through the protocol's binary and JSON forms and through /predict."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as triton
+from conftest import ROOT, Server
+
+from export.manifest import read_manifest_unchecked
+
+pytestmark = pytest.mark.xdist_group("any_model")
+
+USER = ROOT / "tests" / "user_models"
+TOLERANCE = {"atol": 1e-4, "rtol": 1e-4}
+
+
+def user_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(USER), "PYTHONUNBUFFERED": "1"}
+
+
+def export_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "export", *args, "--no-bento"],
+        cwd=ROOT,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def user_models():
+    sys.path.insert(0, str(USER))
+    try:
+        return importlib.import_module("models")
+    finally:
+        sys.path.remove(str(USER))
+
+
+def text_example(rows: int, length: int, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, user_models().VOCAB, (rows, length), generator=generator)
+    lengths = torch.randint(2, length + 1, (rows,), generator=generator)
+    mask = torch.arange(length)[None, :] >= lengths[:, None]
+    return {"tokens": tokens.masked_fill(mask, 0), "mask": mask}
+
+
+def tabular_example(rows: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    models = user_models()
+    return {
+        "features": rng.normal(size=(rows, models.FEATURES)).astype(np.float32),
+        "categories": rng.integers(0, models.LEVELS, size=(rows, models.CATEGORIES)).astype(np.int64),
+    }
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """Both models trained by the user's own DDP script on 2 processes."""
+    out = tmp_path_factory.mktemp("user_ddp")
+    for task in ("text", "tabular"):
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        done = subprocess.run(
+            [*launch, str(USER / "train_ddp.py"), task, str(out / f"{task}.pth")],
+            cwd=USER,
+            env=user_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def exports(trained: Path) -> dict[str, Path]:
+    torch.save(text_example(4, 12, seed=1), trained / "text_example.pt")
+    np.savez(trained / "tabular_example.npz", **tabular_example(5, seed=1))
+    runs = {
+        "text": (
+            "models:TextClassifier",
+            "text_example.pt",
+            ["--dynamic", "tokens:1", "--dynamic", "mask:1"],
+        ),
+        "tabular": ("models:TabularModel", "tabular_example.npz", []),
+    }
+    folders = {}
+    for task, (factory, example, extra) in runs.items():
+        out = trained / f"{task}.export"
+        done = export_cli(
+            str(trained / f"{task}.pth"),
+            "--model",
+            factory,
+            "--example",
+            str(trained / example),
+            *extra,
+            "--out",
+            str(out),
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "parity passed" in done.stdout, done.stdout
+        folders[task] = out
+    return folders
+
+
+def eager(task: str, trained: Path) -> torch.nn.Module:
+    models = user_models()
+    model = models.TextClassifier() if task == "text" else models.TabularModel()
+    state = torch.load(trained / f"{task}.pth", map_location="cpu", weights_only=True)
+    model.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def servers(exports):
+    started = {
+        task: Server(folder.parent / f"{task}.log", HANDOFF_MODEL_DIR=str(folder), HANDOFF_MODEL_NAME=task)
+        for task, folder in exports.items()
+    }
+    try:
+        for srv in started.values():
+            srv.wait_ready()
+        yield started
+    finally:
+        for srv in started.values():
+            srv.stop()
+
+
+def test_the_manifest_describes_the_model(exports, trained):
+    state = torch.load(trained / "text.pth", map_location="cpu", weights_only=True)
+    assert all(key.startswith("module.") for key in state), "the user's DDP script saved the wrapped model"
+    text = read_manifest_unchecked(exports["text"])
+    assert text["task"] == "tensors" and text["status"] == "passed"
+    assert text["source"]["removed_prefixes"] == ["module."]
+    assert text["signature"]["inputs"] == [
+        {"name": "tokens", "dtype": "int64", "shape": [-1, -1]},
+        {"name": "mask", "dtype": "bool", "shape": [-1, -1]},
+    ]
+    assert text["signature"]["outputs"] == [{"name": "output", "dtype": "float32", "shape": [-1, 4]}]
+    assert {r["artifact"] for r in text["parity"]["results"]} == {"model.onnx", "model.pt2", "model.torchscript.pt"}
+    assert "cut to 6" in text["parity"]["inputs_described"], "parity ran a truncated sequence too"
+    tabular = read_manifest_unchecked(exports["tabular"])
+    assert [o["name"] for o in tabular["signature"]["outputs"]] == ["score", "probs"]
+    assert tabular["signature"]["inputs"][1] == {"name": "categories", "dtype": "int64", "shape": [-1, 3]}
+
+
+def test_the_text_model_answers_as_the_eager_model(servers, trained):
+    model, url = eager("text", trained), servers["text"].url
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    metadata = client.get_model_metadata("text")
+    assert [(i["name"], i["datatype"], i["shape"]) for i in metadata["inputs"]] == [
+        ("tokens", "INT64", [-1, -1]),
+        ("mask", "BOOL", [-1, -1]),
+    ]
+    for length in (12, 7):  # two sequence lengths: the dynamic dimension
+        example = text_example(3, length, seed=length)
+        with torch.inference_mode():
+            expected = model(**example).numpy()
+        for binary in (True, False):
+            inputs = []
+            for name, tensor in example.items():
+                value = triton.InferInput(name, list(tensor.shape), "INT64" if name == "tokens" else "BOOL")
+                value.set_data_from_numpy(tensor.numpy(), binary_data=binary)
+                inputs.append(value)
+            outputs = [triton.InferRequestedOutput("output", binary_data=binary)]
+            answer = client.infer("text", inputs, outputs=outputs).as_numpy("output")
+            np.testing.assert_allclose(answer, expected, **TOLERANCE)
+        document = {"inputs": {name: t.tolist() for name, t in example.items()}}
+        predicted = httpx.post(f"{url}/predict", json=document, timeout=30)
+        assert predicted.status_code == 200, predicted.text
+        np.testing.assert_allclose(predicted.json()["outputs"]["output"], expected, **TOLERANCE)
+
+
+def test_requests_of_different_lengths_at_once_are_answered_exactly(servers, trained):
+    """Only requests of one length share a batch (padding would change an unmasked model's answer)."""
+    model, url = eager("text", trained), servers["text"].url
+    examples = [text_example(1, 5 + i % 4, seed=50 + i) for i in range(24)]
+
+    def ask(example):
+        response = httpx.post(
+            f"{url}/predict", json={"inputs": {n: t.tolist() for n, t in example.items()}}, timeout=30
+        )
+        return response.status_code, response.json()
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(ask, examples))
+    for example, (status, body) in zip(examples, answers):
+        assert status == 200, body
+        with torch.inference_mode():
+            np.testing.assert_allclose(body["outputs"]["output"], model(**example).numpy(), **TOLERANCE)
+
+
+def test_the_tabular_model_answers_its_dict_of_outputs(servers, trained):
+    model, url = eager("tabular", trained), servers["tabular"].url
+    example = tabular_example(4, seed=9)
+    with torch.inference_mode():
+        expected = {k: v.numpy() for k, v in model(**{n: torch.from_numpy(a) for n, a in example.items()}).items()}
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    for binary in (True, False):
+        inputs = []
+        for name, array in example.items():
+            value = triton.InferInput(name, list(array.shape), "FP32" if name == "features" else "INT64")
+            value.set_data_from_numpy(array, binary_data=binary)
+            inputs.append(value)
+        outputs = [triton.InferRequestedOutput(name, binary_data=binary) for name in ("score", "probs")]
+        result = client.infer("tabular", inputs, outputs=outputs)
+        for name in ("score", "probs"):
+            np.testing.assert_allclose(result.as_numpy(name), expected[name], **TOLERANCE)
+    predicted = httpx.post(f"{url}/predict", json={"inputs": {n: a.tolist() for n, a in example.items()}}, timeout=30)
+    assert predicted.status_code == 200, predicted.text
+    for name in ("score", "probs"):
+        np.testing.assert_allclose(predicted.json()["outputs"][name], expected[name], **TOLERANCE)
+    config = client.get_model_config("tabular")
+    assert [o["name"] for o in config["output"]] == ["score", "probs"] and config["input"][0]["dims"] == [6]
+
+
+def test_wrong_requests_get_a_clear_4xx(servers):
+    url = servers["tabular"].url
+    good = {n: a.tolist() for n, a in tabular_example(2, seed=3).items()}
+    cases = [
+        (
+            "/classify on a tensor model",
+            httpx.post(f"{url}/classify", content=b"x", headers={"content-type": "image/png"}),
+            404,
+            "/predict",
+        ),
+        (
+            "a missing input",
+            httpx.post(f"{url}/predict", json={"inputs": {"features": good["features"]}}),
+            400,
+            "missing categories",
+        ),
+        (
+            "floats for int64",
+            httpx.post(f"{url}/predict", json={"inputs": {**good, "categories": [[0.5] * 3] * 2}}),
+            400,
+            "whole numbers",
+        ),
+        (
+            "a wrong static dimension",
+            httpx.post(f"{url}/predict", json={"inputs": {**good, "features": [[0.0] * 5] * 2}}),
+            400,
+            "expected [N, 6]",
+        ),
+        (
+            "batches that disagree",
+            httpx.post(f"{url}/predict", json={"inputs": {**good, "features": [[0.0] * 6] * 3}}),
+            400,
+            "disagree",
+        ),
+        ("the classifier's form", httpx.post(f"{url}/predict", json={"tensor": [[1.0]]}), 400, '"inputs"'),
+    ]
+    for what, response, status, words in cases:
+        assert response.status_code == status, f"{what}: {response.status_code} {response.text[:300]}"
+        assert words in response.json()["error"], f"{what}: {response.text[:300]}"
+    assert "Traceback" not in servers["tabular"].log.read_text()
+
+
+def test_exports_that_cannot_work_are_refused_with_one_line(trained, tmp_path):
+    text, out = str(trained / "text.pth"), tmp_path / "out"
+    wrong = tmp_path / "wrong.pt"
+    torch.save({"tokens": torch.zeros(2, 5, dtype=torch.int64)}, wrong)  # no mask
+    bad_out = tmp_path / "bad_output.npz"
+    np.savez(bad_out, features=np.zeros((3, 6), np.float32))
+    torch.save({"linear.weight": torch.zeros(1, 6), "linear.bias": torch.zeros(1)}, tmp_path / "sum.pth")
+    cases = [
+        (
+            export_cli(text, "--model", "models:TextClassifier", "--example", str(wrong), "--out", str(out)),
+            "does not fit the model",
+            "tokens int64 [2, 5]",
+        ),
+        (
+            export_cli(
+                str(tmp_path / "sum.pth"),
+                "--model",
+                "models:SummingModel",
+                "--example",
+                str(bad_out),
+                "--out",
+                str(out),
+            ),
+            "batch",
+            "output 'output' has shape []",
+        ),
+        (
+            export_cli(
+                text,
+                "--model",
+                "models:TextClassifier",
+                "--example",
+                str(trained / "text_example.pt"),
+                "--int8",
+                "--out",
+                str(out),
+            ),
+            "--int8",
+            "image classifiers",
+        ),
+        (
+            export_cli(
+                text,
+                "--model",
+                "models:TextClassifier",
+                "--example",
+                str(trained / "text_example.pt"),
+                "--dynamic",
+                "tokens:0",
+                "--out",
+                str(out),
+            ),
+            "dimension 0 is the batch",
+            "",
+        ),
+    ]
+    for result, *words in cases:
+        assert result.returncode == 2, result.stderr[-2000:]
+        line = result.stderr.strip()
+        assert "\n" not in line and all(w in line for w in words), line
+        assert not out.exists(), "nothing written"
+
+
+def test_one_checkpoint_per_node_is_compared_before_export(trained, tmp_path):
+    """The ImageNet example's three nodes wrote three files: identical weights export the first; a copy
+    with one tensor changed is named, exit 2; --pick exports the one asked for."""
+    nodes = []
+    for node in range(3):
+        folder = tmp_path / f"node{node}"
+        folder.mkdir()
+        (folder / "ckpt.pth").write_bytes((trained / "tabular.pth").read_bytes())
+        nodes.append(str(folder / "ckpt.pth"))
+    flags = ["--model", "models:TabularModel", "--example", str(trained / "tabular_example.npz"), "--formats", "onnx"]
+    same = export_cli(*nodes, *flags, "--out", str(tmp_path / "same"))
+    assert same.returncode == 0 and "3 checkpoints hold identical weights" in same.stdout, same.stderr[-2000:]
+    state = torch.load(nodes[2], weights_only=True)
+    state["module.score.bias"] = state["module.score.bias"] + 0.5
+    torch.save(state, nodes[2])
+    differ = export_cli(*nodes, *flags, "--out", str(tmp_path / "differ"))
+    assert differ.returncode == 2 and "score.bias differs (max abs difference 0.5)" in differ.stderr, differ.stderr
+    assert not (tmp_path / "differ").exists()
+    picked = export_cli(*nodes, *flags, "--pick", "3", "--out", str(tmp_path / "picked"))
+    assert picked.returncode == 0, picked.stderr[-2000:]
+    assert read_manifest_unchecked(tmp_path / "picked")["source"]["checkpoint"].endswith("node2/ckpt.pth")
+    assert json.loads((tmp_path / "picked" / "manifest.json").read_text())["status"] == "passed"
