@@ -28,8 +28,8 @@ import numpy as np
 from bench.checks import assert_provider
 from export.manifest import read_manifest_unchecked
 from serve.config import usable_cores
-from serve.preprocess import Preprocessor
 from serve.runtime import onnx_providers, onnx_session_options
+from train.pil_transform import Preprocessor
 
 BATCH_SIZES = (1, 4, 8, 16, 32)
 

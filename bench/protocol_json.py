@@ -31,7 +31,7 @@ from bench.workload import make_jpegs, make_model  # noqa: E402
 from export.manifest import read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from serve.oip_codec import parse_infer_request  # noqa: E402
-from serve.preprocess import Preprocessor  # noqa: E402
+from train.pil_transform import Preprocessor  # noqa: E402
 
 GOAL_MS = 5.0  # the issue's: JSON of one 3x224x224 image at c=1 within 5 ms of /classify
 

@@ -244,8 +244,11 @@ def classifier_job(
     source = source_fields(checkpoint, src, spec.unwrapped)
     dtype = "float16" if args.fp16 else "float32"
     manifest = new_manifest(spec.arch, spec.classes, spec.preprocess, dtype, source, timings)
-    options = CheckOptions(args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop)
-    data = (src.meta or {}).get("data")
+    hints = src.preprocess_hints
+    options = CheckOptions(
+        args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop, hints.get("val_split")
+    )
+    data = (src.meta or {}).get("data") or hints.get("data")  # handoff's meta, else the training script's args
     return Job(
         manifest,
         lambda folder: write_and_check(model, spec, data, formats, device, options, manifest, folder),

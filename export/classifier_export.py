@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 
 from export.architecture import ModelSpec
+from export.decode_check import check_fast_decode
+from export.decode_check import report as decode_report
 from export.exporters import (
     classifier_call,
     export_aoti,
@@ -20,7 +22,7 @@ from export.exporters import (
     export_safetensors,
     export_torchscript,
 )
-from export.inputs import parity_inputs
+from export.inputs import parity_inputs, real_images
 from export.int8 import quantize, report_dict
 from export.manifest import (
     AOTI,
@@ -49,6 +51,7 @@ class CheckOptions:
     samples: Path | None  # real images for parity and INT8 calibration, when the checkpoint names no data
     int8: bool
     max_accuracy_drop: float
+    val_split: str | None = None  # the training script's name for its validation folder (timm's --val-split)
 
 
 def tolerance_of(args: Any) -> Tolerance:
@@ -111,10 +114,16 @@ def write_and_check(
     precision = pin_precision()
     tol = options.tolerance
     with timed(timings, "parity"):
-        inputs, described = parity_inputs(pre, data, options.samples)
+        inputs, described = parity_inputs(pre, data, options.samples, val_split=options.val_split)
         computing = set(formats) - {"safetensors"}
         results = run_parity(model, folder, inputs, formats, device, options.fp16, tol) if computing else []
     manifest["parity"] = parity_report(results, device, options.fp16, tol, precision, len(inputs), described)
+    if manifest["parity"]["pass"]:
+        with timed(timings, "decode_check"):
+            images, _ = real_images(data, options.samples, 16, options.val_split)
+            check = check_fast_decode(model, pre, images)
+        manifest["decode"] = decode_report(check)
+        manifest["parity"]["summary"].append(check.line())
     int8_passed = True
     if options.int8 and manifest["parity"]["pass"]:
         with timed(timings, "int8"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import warnings
 from pathlib import Path
@@ -93,6 +94,27 @@ class _SafeReader(dcp.FileSystemReader):
         return metadata
 
 
+def _check_storage(folder: Path, metadata: Any, wanted: list[TensorStorageMetadata]) -> None:
+    """Refuse what the metadata claims before anything is allocated or opened by it: a storage file outside the
+    folder (`../`, an absolute path, a link), or tensors larger than every shard file together holds."""
+    root = folder.resolve()
+    names = {getattr(item, "relative_path", "") for item in (getattr(metadata, "storage_data", None) or {}).values()}
+    for name in sorted(names):
+        target = folder / name
+        if Path(name).is_absolute() or target.resolve().parent != root or target.is_symlink():
+            raise CheckpointError(
+                f"{folder / DCP_METADATA}: names the storage file {name!r}, which is not a file in its own folder; "
+                "refused"
+            )
+    claimed = sum(math.prod(m.size) * m.properties.dtype.itemsize for m in wanted)
+    held = sum(p.stat().st_size for p in folder.glob("*.distcp") if p.is_file() and not p.is_symlink())
+    if claimed > held + (1 << 20):  # every byte of a tensor is in a shard file, beside a little framing
+        raise CheckpointError(
+            f"{folder / DCP_METADATA}: claims {claimed} bytes of model tensors, but its shard files hold {held}; "
+            "damaged or forged metadata, refused before allocating"
+        )
+
+
 def read_dcp(folder: Path) -> Source:
     try:
         metadata = read_dcp_metadata(folder / DCP_METADATA)
@@ -110,6 +132,7 @@ def read_dcp(folder: Path) -> Source:
             f"{', '.join(sorted({k.split('.')[0] for k in tensors})[:8])})"
         )
     wanted = {**model_keys, **ema_keys}
+    _check_storage(folder, metadata, [tensors[k] for k in wanted.values()])
     # Only these entries are planned, so only their bytes are read: never the optimizer's.
     state = {
         dcp_key: torch.empty(tensors[dcp_key].size, dtype=tensors[dcp_key].properties.dtype)

@@ -32,7 +32,12 @@ def eval_transform_of(preprocess: dict[str, Any]) -> Any:
     return eval_transform(Preprocessing.from_manifest(preprocess))
 
 
-def _real_images(data: str | None, samples: Path | None, limit: int) -> tuple[list[Image.Image], str]:
+def real_images(
+    data: str | None, samples: Path | None, limit: int, val_split: str | None = None
+) -> tuple[list[Image.Image], str]:
+    """Real images for parity: --samples, else the validation images of the data the training script named
+    (handoff's digits; torchvision references' data_path/val; timm's data_dir/<val_split>), else scikit-learn's
+    two sample photos."""
     if samples is not None:
         files = image_files(samples)[:limit]
         if not files:
@@ -43,18 +48,25 @@ def _real_images(data: str | None, samples: Path | None, limit: int) -> tuple[li
 
         (_, _), (x_val, _) = digits_split()
         return [Image.fromarray(img).convert("RGB") for img in x_val[:limit]], "digits validation images"
-    if data and (Path(data) / "val").is_dir():
-        return _real_images(None, Path(data) / "val", limit)
+    for split in (val_split, "val", "validation"):  # the script's own split name, then the usual ones
+        if data and split and (Path(data) / split).is_dir() and image_files(Path(data) / split):
+            return real_images(None, Path(data) / split, limit)
     from sklearn.datasets import load_sample_images  # two real photos that ship with scikit-learn
 
     return [Image.fromarray(img) for img in load_sample_images().images], "scikit-learn sample photos"
 
 
 def parity_inputs(
-    preprocess: dict[str, Any], data: str | None, samples: Path | None, real: int = 16, random: int = 16, seed: int = 0
+    preprocess: dict[str, Any],
+    data: str | None,
+    samples: Path | None,
+    real: int = 16,
+    random: int = 16,
+    seed: int = 0,
+    val_split: str | None = None,
 ) -> tuple[torch.Tensor, str]:
     transform = eval_transform_of(preprocess)
-    images, origin = _real_images(data, samples, real)
+    images, origin = real_images(data, samples, real, val_split)
     real_batch = torch.stack([transform(img) for img in images])
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn((random, *real_batch.shape[1:]), generator=generator)

@@ -108,6 +108,7 @@ def _torchvision_reference_hints(args: dict[str, Any]) -> dict[str, Any]:
         "image_size": args.get("val_crop_size"),
         "resize": args.get("val_resize_size"),
         "interpolation": args.get("interpolation"),
+        "data": args.get("data_path"),  # its ImageFolder root: train/ and val/
     }
     return {k: v for k, v in hints.items() if v is not None}
 
@@ -121,6 +122,8 @@ def _timm_hints(args: dict[str, Any]) -> dict[str, Any]:
         "interpolation": args.get("interpolation") or None,
         "mean": args.get("mean"),
         "std": args.get("std"),
+        "data": args.get("data_dir") or args.get("data"),  # its dataset root; the validation split below
+        "val_split": args.get("val_split"),
     }
     return {k: v for k, v in hints.items() if v is not None}
 
@@ -236,6 +239,8 @@ def read_safetensors(path: Path, kind: str = "safetensors") -> Source:
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path}: not a regular file (a FIFO, device or socket, or a link to one)")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
     try:

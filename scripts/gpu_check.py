@@ -197,6 +197,21 @@ def serve_on_device(out: Path, folder: str, device: str) -> dict[str, Any]:
         ready_s = server.wait_ready()
         info = httpx.get(f"{server.url}/info", timeout=10).json()
         answer = httpx.post(f"{server.url}/classify", files={"image": ("photo.jpg", photo.getvalue())}, timeout=60)
+        # The same photo through the Open Inference Protocol's binary infer (BYTES `image`), as tritonclient sends it
+        data = len(photo.getvalue()).to_bytes(4, "little") + photo.getvalue()
+        header = json.dumps(
+            {
+                "inputs": [
+                    {"name": "image", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(data)}}
+                ]
+            }
+        ).encode()
+        protocol = httpx.post(
+            f"{server.url}/v2/models/handoff/infer",
+            content=header + data,
+            headers={"inference-header-content-length": str(len(header))},
+            timeout=60,
+        )
     expected = "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider"
     if info.get("provider") != expected or info.get("device") != device:
         raise RuntimeError(f"/info reports {info.get('provider')} on {info.get('device')}, expected {expected}")
@@ -204,11 +219,63 @@ def serve_on_device(out: Path, folder: str, device: str) -> dict[str, Any]:
         raise RuntimeError(f"/info reports batches padded to {info['batching']['padded_to']} on {device}")
     if answer.status_code != 200:
         raise RuntimeError(f"/classify answered {answer.status_code}: {answer.text[:200]}")
+    if protocol.status_code != 200:
+        raise RuntimeError(f"the protocol's infer answered {protocol.status_code}: {protocol.text[:200]}")
+    logits = next(o for o in protocol.json()["outputs"] if o["name"] == "logits")["data"]
+    if max(range(len(logits)), key=logits.__getitem__) != answer.json()["predictions"][0]["index"]:
+        raise RuntimeError("the protocol's infer and /classify disagree on the same photo's top-1")
     return {
         "ready_s": round(ready_s, 2),
         "info": {k: info.get(k) for k in ("runtime", "provider", "device", "ready", "batching")},
         "top1": answer.json()["predictions"][0],
     }
+
+
+def any_model_on_device(out: Path, device: str) -> dict[str, Any]:
+    """The user's own text model (tests/user_models: a plain DDP script, 2 gloo processes) exported with its parity
+    reference on the device, served there, and asked over /predict: its answer against the eager model's."""
+    import httpx
+    import torch
+
+    user = ROOT / "tests" / "user_models"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    sh(
+        [*launch, str(user / "train_ddp.py"), "text", str(out / "text.pth")],
+        out / "text_train.log",
+        PYTHONPATH=str(user),
+    )
+    sys.path.insert(0, str(user))
+    from models import TextClassifier  # the user's own class
+
+    generator = torch.Generator().manual_seed(0)
+    example = {
+        "tokens": torch.randint(1, 100, (4, 12), generator=generator),
+        "mask": torch.zeros(4, 12, dtype=torch.bool),
+    }
+    torch.save(example, out / "text_example.pt")
+    folder = out / "text.export"
+    export = [sys.executable, "-m", "export", str(out / "text.pth"), "--model", "models:TextClassifier"]
+    flags = ["--example", str(out / "text_example.pt"), "--dynamic", "tokens:1", "--dynamic", "mask:1"]
+    sh(
+        [*export, *flags, "--device", device, "--out", str(folder), "--no-bento"],
+        out / "text_export.log",
+        PYTHONPATH=str(user),
+    )
+    model = TextClassifier()
+    state = torch.load(out / "text.pth", map_location="cpu", weights_only=True)
+    model.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
+    with torch.inference_mode():
+        expected = model.eval()(**example)
+    with BentoServer(out / "text_serve.log", HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device) as server:
+        server.wait_ready()
+        info = httpx.get(f"{server.url}/info", timeout=10).json()
+        answer = httpx.post(f"{server.url}/predict", json={"inputs": {k: v.tolist() for k, v in example.items()}})
+    if answer.status_code != 200:
+        raise RuntimeError(f"/predict answered {answer.status_code}: {answer.text[:200]}")
+    gap = float((torch.tensor(answer.json()["outputs"]["output"]) - expected).abs().max())
+    if gap > 1e-3:
+        raise RuntimeError(f"the served text model differs from the eager one by {gap:.2e}")
+    return {"provider": info.get("provider"), "device": info.get("device"), "max_abs_difference": gap}
 
 
 def serving_benchmark(
@@ -320,6 +387,9 @@ def main() -> int:
             "serving benchmark", lambda: serving_benchmark(args.out, fp32["folder"], device, seconds, rounds, sides)
         )
         report.run("TensorRT execution provider", lambda: tensorrt(args.out, fp32["folder"]))
+    report.run(
+        "any model (a text classifier) exported and served on the device", lambda: any_model_on_device(args.out, device)
+    )
     passed = all(s.ok for s in report.steps)
     print(f"gpu_check: {sum(s.ok for s in report.steps)}/{len(report.steps)} steps passed; {report.path}")
     return 0 if passed else 1

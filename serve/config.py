@@ -80,6 +80,9 @@ class ServeConfig:
     """a new connection that sends nothing for this long is closed (kept-alive ones: uvicorn's 5 s)"""
     max_body_mb: int = _setting("HANDOFF_MAX_BODY_MB", 20, _env_int)
     max_pixels: int = _setting("HANDOFF_MAX_PIXELS", 40_000_000, _env_int)
+    decode: str = _setting("HANDOFF_DECODE", "auto")
+    """auto: a JPEG at least twice the resize target is decoded at a reduced scale (draft mode), where the
+    export's check of that passed (manifest `decode`); exact: every image decoded bit-exactly"""
     """decompression-bomb guard: larger images are refused before decoding"""
 
     def __post_init__(self) -> None:
@@ -96,6 +99,8 @@ class ServeConfig:
         ):
             if value < least:
                 raise ValueError(f"{name}={value}: must be at least {least}")
+        if self.decode not in ("auto", "exact"):
+            raise ValueError(f"HANDOFF_DECODE={self.decode!r}: choose auto or exact")
         if self.model_sha256 is not None and len(self.model_sha256) != 64:
             raise ValueError(
                 f"HANDOFF_MODEL_SHA256={self.model_sha256!r}: expected 64 hex digits (sha256sum EXPORT/manifest.json)"

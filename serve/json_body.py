@@ -33,7 +33,13 @@ def parse_json(body: bytes) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as err:  # malformed, not UTF-8, too deep, NaN, or a number past a double
-        raise BadJson(f"the body is not valid JSON ({str(err)[:120]})") from None
+        raise BadJson(f"the body is not valid JSON ({str(err)[:120]}){not_json_numbers(body)}") from None
+
+
+def not_json_numbers(body: bytes | memoryview) -> str:
+    """A hint for the commonest invalid JSON a numeric client sends: Python's json.dumps writes NaN and Infinity."""
+    sample = bytes(body[: 1 << 20])
+    return "; NaN and Infinity are not JSON numbers" if b"NaN" in sample or b"Infinity" in sample else ""
 
 
 def nested_shape(value: Any) -> list[int]:

@@ -229,7 +229,8 @@ def parse_infer_request(body: bytes, header_length: bytes | None) -> InferReques
     try:
         document = _object(orjson.loads(header), "the request")
     except orjson.JSONDecodeError as err:
-        raise ProtocolError(f"the request's JSON header is not valid JSON ({str(err)[:120]})") from None
+        hint = "; NaN and Infinity are not JSON numbers" if b"NaN" in header or b"Infinity" in header else ""
+        raise ProtocolError(f"the request's JSON header is not valid JSON ({str(err)[:120]}){hint}") from None
     entries = document.get("inputs")
     if not isinstance(entries, list) or not 1 <= len(entries) <= MAX_TENSORS:
         raise ProtocolError(f"inputs must be a list of 1 to {MAX_TENSORS} tensors")

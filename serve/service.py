@@ -43,9 +43,9 @@ from serve.oip import ProtocolSurface, known_paths, open_paths
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
 from serve.oip_infer import classifier_infer, tensor_infer
 from serve.page import PAGE, PAGE_HEADERS
-from serve.preprocess import BadImage, Preprocessor
 from serve.runtime import RuntimeUnavailable, load_runtime, softmax
 from serve.tensor_inputs import json_inputs, model_inputs
+from train.pil_transform import BadImage, Preprocessor
 
 log = logging.getLogger("bentoml.handoff")  # under "bentoml", so `bentoml serve` shows it
 CONFIG = ServeConfig()
@@ -130,6 +130,8 @@ class HandoffClassifier:
         if self.task != TASK_IMAGE_CLASSIFICATION:
             return  # any model: no warm-up, since the values a dynamic dimension takes are not known in advance
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
+        checked = (self.manifest.get("decode") or {}).get("fast") or {}
+        self.fast_decode = CONFIG.decode == "auto" and checked.get("passed") is True
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
         self.classes = self.manifest["classes"]
         for size in CONFIG.batch_buckets():  # so the first real request is not the slow one
@@ -186,7 +188,7 @@ class HandoffClassifier:
     def _prepare(self, upload: Path | bytes) -> np.ndarray:
         try:
             data = upload if isinstance(upload, bytes) else Path(upload).read_bytes()
-            return self.preprocessor(self.preprocessor.decode(data))
+            return self.preprocessor(self.preprocessor.decode(data, fast=self.fast_decode))
         except BadImage as err:
             raise RequestError(str(err), status=err.status) from None
 
@@ -290,6 +292,8 @@ class HandoffClassifier:
         model: dict[str, Any] = {"arch": m["arch"], "task": self.task, "signature": self.signature.to_dict()}
         if self.task == TASK_IMAGE_CLASSIFICATION:
             model |= {k: m[k] for k in ("num_classes", "classes", "input", "preprocess")}
+            fast = (m.get("decode") or {}).get("fast")
+            model["decode"] = {"setting": CONFIG.decode, "fast_jpeg": self.fast_decode, "check": fast}
         else:
             model["dynamic"] = m.get("dynamic", {})
         model |= {

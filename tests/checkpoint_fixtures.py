@@ -154,6 +154,19 @@ def _ema_of(model: nn.Module) -> nn.Module:
     return ema
 
 
+def image_folder(root: Path, split: str, per_class: int = 3) -> Path:
+    """An ImageFolder dataset root holding `split`/ with two classes of real photo crops (scikit-learn's)."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    for index, photo in enumerate(load_sample_images().images):
+        folder = root / split / f"class{index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(photo).crop((40 * i, 30 * i, 40 * i + 200, 30 * i + 160)).save(folder / f"{i}.jpg")
+    return root
+
+
 def torchvision_reference(folder: Path) -> tuple[Path, dict, dict]:
     """torchvision's references/classification/train.py: its exact save call (the script is not a package).
     Returns (path, trained state, EMA state)."""
@@ -180,6 +193,7 @@ def torchvision_reference(folder: Path) -> tuple[Path, dict, dict]:
         output_dir=str(folder),
         distributed=True,
         world_size=8,
+        data_path=str(image_folder(folder / "imagenet", "val")),  # parity runs on its val/ images
     )
     checkpoint = {
         "model": model.state_dict(),
@@ -223,6 +237,8 @@ def timm_checkpoint(folder: Path) -> tuple[Path, dict, dict]:
         num_classes=CLASSES,
         lr=np.float64(1e-3),
         epochs=np.int64(300),
+        data_dir=str(image_folder(folder / "timm_data", "validation")),  # parity runs on its validation split
+        val_split="validation",
     )
     saver = CheckpointSaver(
         model, optimizer, args=args, model_ema=ema, checkpoint_dir=str(folder), recovery_dir=str(folder), max_history=2

@@ -18,7 +18,7 @@ from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_c
 
 from export.manifest import read_manifest_unchecked
 from serve.config import SETTINGS
-from serve.preprocess import Preprocessor
+from train.pil_transform import Preprocessor
 
 pytestmark = pytest.mark.xdist_group("bento")  # its module fixtures stay on one worker
 

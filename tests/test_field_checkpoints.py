@@ -71,6 +71,10 @@ def test_torchvision_reference_with_and_without_ema(field, tmp_path):
     assert "also holds EMA weights (model_ema)" in manifest["stderr"] and "--ema" in manifest["stderr"]
     # The reference's own evaluation settings: --val-resize-size 36, --val-crop-size 32, bilinear.
     assert (manifest["preprocess"]["resize"], manifest["preprocess"]["crop"]) == (36, fx.SIZE)
+    # Parity ran on the validation images of the data the script's own --data-path names.
+    assert (
+        "6 real" in manifest["parity"]["inputs_described"] and "imagenet/val" in manifest["parity"]["inputs_described"]
+    )
     manifest = assert_exports_like(path, fx.ARCH, ema, tmp_path / "ema", "--ema")
     assert manifest["source"]["weights"] == "EMA (model_ema)"
 
@@ -83,6 +87,7 @@ def test_timm_checkpoint_saver_with_and_without_ema(field, tmp_path):
     pre = manifest["preprocess"]
     # The run's --img-size 64, with timm's data config for resnet18d: bicubic, crop_pct 0.875 -> floor(64 / 0.875).
     assert (pre["crop"], pre["resize"], pre["interpolation"]) == (64, 73, "bicubic")
+    assert "timm_data/validation" in manifest["parity"]["inputs_described"], manifest["parity"]["inputs_described"]
     manifest = assert_exports_like(path, arch, ema, tmp_path / "ema", "--ema")
     assert manifest["source"]["weights"] == "EMA (state_dict_ema)"
 
@@ -168,6 +173,57 @@ def test_a_planted_dcp_metadata_payload_is_refused(dcp_folders, tmp_path):
     (folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
     assert_one_line_error(export_cli(str(folder), "--arch", fx.ARCH, "--no-bento"), ".metadata", "refused")
     assert not marker.exists(), "the payload ran"
+
+
+def test_forged_dcp_metadata_opens_and_allocates_nothing_it_names(dcp_folders, tmp_path):
+    """A .metadata naming a storage file outside its folder (`../`), or claiming tensors far larger than its
+    shards hold: refused with one line before anything is opened or allocated."""
+    import shutil
+
+    original = pickle.loads((dcp_folders / "nested" / "step-3" / ".metadata").read_bytes())  # our own fixture
+    (tmp_path / "secret.distcp").write_bytes(b"outside")
+    for forgery in ("escape", "huge"):
+        folder = tmp_path / forgery / "step-3"
+        shutil.copytree(dcp_folders / "nested" / "step-3", folder)
+        metadata = pickle.loads(pickle.dumps(original))
+        if forgery == "escape":
+            for item in metadata.storage_data.values():
+                item.relative_path = "../../secret.distcp"
+            words = "not a file in its own folder"
+        else:
+            key = next(k for k, m in metadata.state_dict_metadata.items() if k.endswith("fc.weight"))
+            metadata.state_dict_metadata[key].size = torch.Size([10**6, 10**6])
+            words = "claims"
+        (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+        result = export_cli(str(folder), "--arch", fx.ARCH, "--out", str(tmp_path / f"{forgery}.out"), "--no-bento")
+        assert_one_line_error(result, words, "refused")
+
+
+def test_checkpoints_that_are_not_regular_files_are_refused(tmp_path):
+    """A link to /dev/zero (never ends), a FIFO (blocks open()), a zip inside a zip, a safetensors header
+    claiming a huge tensor: one line each, at once."""
+    import json as json_module
+    import struct
+    import zipfile
+
+    (tmp_path / "zero.pth").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo.pth")
+    inner = tmp_path / "inner.pth"
+    torch.save({"x": torch.zeros(2)}, inner)
+    with zipfile.ZipFile(tmp_path / "nested.pth", "w") as outer:
+        outer.write(inner, "archive/data.pkl")
+    header = json_module.dumps({"w": {"dtype": "F32", "shape": [10**6, 10**6], "data_offsets": [0, 4 * 10**12]}})
+    (tmp_path / "huge.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\0" * 16)
+    for name, words in [
+        ("zero.pth", "not a regular file"),
+        ("fifo.pth", "not a regular file"),
+        ("nested.pth", "not a readable checkpoint"),
+        ("huge.safetensors", "not a readable safetensors file"),
+    ]:
+        result = run(
+            [sys.executable, "-m", "export", str(tmp_path / name), "--arch", fx.ARCH, "--no-bento"], timeout=60
+        )
+        assert_one_line_error(result, name, words)
 
 
 def _handoff_checkpoint(path: Path, **meta_changes) -> Path:

@@ -33,6 +33,7 @@ def server(exported: Path, tmp_path_factory):
         HANDOFF_MODEL_NAME=NAME,
         HANDOFF_MAX_BATCH_SIZE="8",
         HANDOFF_MAX_CONCURRENCY="32",
+        HANDOFF_DECODE="exact",  # today's bit-exact decoding, whatever the export's check said
     )
     srv.wait_ready()
     yield srv
@@ -62,6 +63,11 @@ def image_input(files: list[bytes], binary: bool = True) -> triton.InferInput:
     tensor = triton.InferInput("image", list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data, binary_data=binary)
     return tensor
+
+
+def test_exact_decoding_is_kept_when_asked(server):
+    decode = httpx.get(f"{server.url}/info", timeout=10).json()["model"]["decode"]
+    assert decode["setting"] == "exact" and decode["fast_jpeg"] is False and decode["check"]["passed"]
 
 
 def test_health_metadata_and_config_as_tritonclient_reads_them(client):

@@ -22,7 +22,7 @@ from PIL import Image
 from export.manifest import read_manifest_unchecked
 from serve.config import usable_cores
 from serve.metrics_labels import UNKNOWN
-from serve.preprocess import Preprocessor
+from train.pil_transform import Preprocessor
 from train.preprocessing import Preprocessing
 from train.presets import eval_transform
 
@@ -138,6 +138,9 @@ def test_info_and_probes(server, exported):
     assert info["provider"] == "CPUExecutionProvider" and info["device"] == "cpu"
     assert info["cpu"] == {"workers": 1, "model_threads": usable_cores()}
     assert info["batching"]["padded_to"] is None  # batches are padded on a GPU only
+    # The export measured the fast JPEG decode (top-1 agreement on real images); it passed, so auto uses it.
+    assert manifest["decode"]["fast"]["passed"] and manifest["decode"]["fast"]["top1_agreement"] >= 0.995
+    assert info["model"]["decode"] == {"setting": "auto", "fast_jpeg": True, "check": manifest["decode"]["fast"]}
     assert info["model"]["sha256"] == manifest["artifacts"]["model.onnx"]["sha256"]
     assert server.status("/livez") == 200 and server.status("/readyz") == 200
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
@@ -177,7 +180,7 @@ def bad_requests(url: str) -> list[tuple[str, int, str, httpx.Response]]:
         (
             "tensor with NaN",
             400,
-            "NaN or Inf",
+            "NaN and Infinity are not JSON numbers",
             httpx.post(
                 f"{url}/predict",
                 content=json.dumps({"tensor": np.full(shape, np.nan).tolist()}),
@@ -188,7 +191,7 @@ def bad_requests(url: str) -> list[tuple[str, int, str, httpx.Response]]:
         (
             "tensor with Inf",
             400,
-            "NaN or Inf",
+            "NaN and Infinity are not JSON numbers",
             httpx.post(
                 f"{url}/predict",
                 content=json.dumps({"tensor": np.full(shape, np.inf).tolist()}),
@@ -210,7 +213,7 @@ def bad_requests(url: str) -> list[tuple[str, int, str, httpx.Response]]:
         (
             "an integer past float range",
             400,
-            "range",
+            "infinity",
             httpx.post(
                 f"{url}/predict",
                 content=json.dumps({"tensor": np.zeros(shape).tolist()}).replace("0.0", "1" + "0" * 400, 1),

@@ -89,7 +89,7 @@ def test_service_preprocessing_is_timms_eval_transform(arch):
 
     from export.architecture import _preprocess
     from export.sources import Source
-    from serve.preprocess import Preprocessor
+    from train.pil_transform import Preprocessor
 
     name = arch.removeprefix("timm/")
     preprocess = _preprocess(Source(Path("x"), "", "state_dict", {}), arch, None)

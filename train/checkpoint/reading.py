@@ -46,6 +46,8 @@ def read_weights_only(
     """`torch.load(weights_only=True)` with one-line errors: missing, empty, damaged, or refused.
     `safe_globals`: harmless types to construct besides tensors and containers (torch's safe-globals list)."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO would block open(), /dev/zero never ends
+        raise CheckpointError(f"{path}: not a regular file (a folder, FIFO, device or socket, or a link to one)")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
     if path.stat().st_size == 0:

@@ -2,12 +2,19 @@
 
 Resize(shorter side) -> CenterCrop -> ToTensor -> Normalize, computed the way torchvision computes it on
 a PIL image, so a served model sees what validation saw (tests compare the two on the same images).
-No torch here: the serving path stays free of it.
+No torch here: the service decodes every upload with it, and export measures its fast JPEG path
+(export/decode_check.py), so it lives beside train/preprocessing.py, the description it implements.
+
+Fast decoding (`decode(..., fast=True)`): a JPEG at least twice the resize target on its shorter side is
+decoded at 1/2, 1/4 or 1/8 of its size by Pillow's draft mode (the JPEG's own DCT scaling), never below the
+resize target: a 12-megapixel photo in ~18 ms instead of ~190 ms, with pixels that differ slightly from the
+exact path. The service uses it only where the export's check of it passed.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -58,8 +65,9 @@ class Preprocessor:
             max_pixels,
         )
 
-    def decode(self, data: bytes) -> Image.Image:
-        """Open, check and normalise an upload to an 8-bit RGB image, upright per its EXIF orientation."""
+    def decode(self, data: bytes, fast: bool = False) -> Image.Image:
+        """Open, check and normalise an upload to an 8-bit RGB image, upright per its EXIF orientation; `fast`:
+        a large JPEG is decoded at a reduced scale (see the module's docstring)."""
         if not data:
             raise BadImage("the image is empty (0 bytes)")
         try:
@@ -80,12 +88,22 @@ class Preprocessor:
                 f"image is {width}x{height} = {width * height} pixels, above the limit of {self.max_pixels}", status=413
             )
         self.resized_size(width, height)  # and what the resize would make of it, before any pixel is decoded
+        if fast and image.format in ("JPEG", "MPO"):
+            self._draft(image)
         try:
             image.seek(0)  # animated GIF/WebP: the first frame
             image.load()
             return _to_8_bit(ImageOps.exif_transpose(image))
         except (OSError, SyntaxError, ValueError) as err:
             raise BadImage(f"the image data is damaged or truncated ({err})") from None
+
+    def _draft(self, image: Image.Image) -> None:
+        """Ask the JPEG decoder for the smallest DCT scale whose shorter side still reaches `resize` (Pillow picks
+        1/2, 1/4 or 1/8 only where the whole image stays at least that size, so a smaller photo is decoded whole)."""
+        width, height = image.size
+        short = min(width, height)
+        if short >= 2 * self.resize:
+            image.draft(image.mode, (math.ceil(width * self.resize / short), math.ceil(height * self.resize / short)))
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
         """The size the resize gives (shorter side -> `resize`, as torchvision computes it); BadImage (413) for an

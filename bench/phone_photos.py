@@ -1,0 +1,113 @@
+"""Phone-size photos: 12-megapixel JPEGs served with the exact decode and with the fast (draft) one, side by side.
+
+    python bench/phone_photos.py [--rounds 3] [--seconds 8]
+
+Model: resnet18 at 224 px (resize 256), exported by `python -m export`, whose decode check decides whether
+the fast path may be used. Images: scikit-learn's sample photos scaled to 4032 x 3024 (a 12-megapixel phone
+photo's size) and cut into varied views of that size, as JPEG (quality 90, ~2-3 MB each). Sides, one server at
+a time, alternating each round: HANDOFF_DECODE=exact and HANDOFF_DECODE=auto, both sent the JPEG as the body
+at c=1 and c=64 (bench/load.py). Reported: images/s and p50 (medians of rounds), server CPU per image, the ratio
+auto / exact at c=64 (goal: at least 5x), and the decode check the export recorded (top-1 agreement, goal at
+least 99.5%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.load import load_levels, uploads, wrk_available  # noqa: E402
+from bench.results import median_of_rounds, write_result  # noqa: E402
+from bench.workload import make_model  # noqa: E402
+from export.manifest import read_manifest  # noqa: E402
+from harness.server import BentoServer  # noqa: E402
+
+SIZE = (4032, 3024)
+CONCURRENCY = (1, 64)
+GOAL = "12-megapixel JPEGs at c=64: auto (fast decode) >= 5 x exact per image; top-1 agreement >= 99.5%"
+
+
+def phone_photos(count: int = 6) -> list[bytes]:
+    from sklearn.datasets import load_sample_images
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(count):
+        photo = Image.fromarray(load_sample_images().images[i % 2])
+        scale = 1.3 + 0.2 * rng.random()  # a little larger than 12 MP, then a 12 MP view of it
+        big = photo.resize((int(SIZE[0] * scale), int(SIZE[1] * scale)), Image.Resampling.BICUBIC)
+        left, top = int(rng.integers(0, big.width - SIZE[0])), int(rng.integers(0, big.height - SIZE[1]))
+        buffer = io.BytesIO()
+        big.crop((left, top, left + SIZE[0], top + SIZE[1])).save(buffer, "JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
+    p.add_argument("--results-dir", type=Path, default=None)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="phone-photos-"))
+    folder = make_model(work)
+    check = (read_manifest(folder).get("decode") or {}).get("fast") or {}
+    requests = uploads(phone_photos(), "raw")
+    rounds = []
+    for round_ in range(args.rounds):
+        figures = {}
+        for decode in ("exact", "auto") if round_ % 2 == 0 else ("auto", "exact"):
+            log = work / f"{decode}{round_}.log"
+            with BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DECODE=decode) as server:
+                server.wait_ready()
+                figures[decode] = load_levels(
+                    args.client, server.url, server.proc.pid, requests, CONCURRENCY, args.seconds
+                )
+        rounds.append(figures)
+        print(f"round {round_ + 1}: " + ", ".join(f"{d} c=64 {figures[d]['64']['images_per_s']:.1f}" for d in figures))
+    median = median_of_rounds(rounds)
+    for decode in ("exact", "auto"):
+        for c in map(str, CONCURRENCY):
+            r = median[decode][c]
+            print(
+                f"{decode:<6} c={c:<3} {r['images_per_s']:6.2f} images/s  p50 {r['p50_ms']:8.1f} ms  "
+                f"server CPU {r['server_cpu_ms_per_image']:6.1f} ms/image"
+            )
+    speedup = median["auto"]["64"]["images_per_s"] / median["exact"]["64"]["images_per_s"]
+    by_round = [r["auto"]["64"]["images_per_s"] / r["exact"]["64"]["images_per_s"] for r in rounds]
+    agreement = check.get("top1_agreement")
+    print(f"auto / exact at c=64: {speedup:.2f} x (rounds: {', '.join(f'{x:.2f}' for x in by_round)})")
+    print(f"decode check at export: {check}")
+    met = speedup >= 5 and agreement is not None and agreement >= 0.995
+    print(f"goal: {GOAL}: {'met' if met else 'NOT met'}")
+    write_result(
+        "phone_photos_cpu",
+        folder=args.results_dir,
+        figures={
+            "rounds": args.rounds,
+            "photo_size": list(SIZE),
+            "services": median,
+            "ratios": {"auto_over_exact_c64": speedup},
+            "auto_over_exact_c64_by_round": by_round,
+            "median_of_rounds": statistics.median(by_round),
+            "decode_check": check,
+            "seconds": {f"{d}_p50_c1": median[d]["1"]["p50_ms"] / 1000 for d in ("exact", "auto")},
+            "goal": GOAL,
+            "goal_met": met,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
