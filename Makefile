@@ -53,6 +53,8 @@ bench: install
 	$(BIN)/python bench/trainer_overhead.py --rounds 5
 	$(BIN)/python bench/int8_serving.py --seconds 8 --rounds 3
 	$(BIN)/python bench/cpu_formats.py --rounds 5
+	$(BIN)/python bench/phone_photos.py --seconds 8 --rounds 3
+	$(BIN)/python bench/protocol_json.py --requests 40
 	$(BIN)/python -m bench.results
 
 clean:
