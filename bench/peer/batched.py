@@ -20,8 +20,8 @@ from PIL.Image import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from export.manifest import read_manifest_unchecked  # noqa: E402
-from train.pil_transform import Preprocessor  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+from train.pil_transform import Preprocessor  # noqa: E402
 
 FOLDER = Path(os.environ["PEER_MODEL_DIR"])
 DEVICE = os.environ.get("PEER_DEVICE", "cpu")
