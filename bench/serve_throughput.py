@@ -15,6 +15,8 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
   BYTES `image` (as tritonclient sends it);
 - ours_oip_tensor: the protocol's binary infer with each image already preprocessed, an FP32 `input` (the
   same images, the decoding done by the client);
+- peer_floor: bench/peer/floor.py, a bare ASGI app (Starlette on uvicorn) with the same decoding, batcher and
+  session and nothing else: the least a Python HTTP server costs here (raw JPEG bodies);
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
   (HANDOFF_WORKERS; each worker's model then runs on one thread).
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
@@ -39,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from bench.checks import assert_provider  # noqa: E402
 from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import Upload, load_levels, uploads, wrk_available  # noqa: E402
+from bench.peer.floor import FloorServer  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from export.manifest import read_manifest  # noqa: E402
@@ -49,6 +52,7 @@ from train.pil_transform import Preprocessor  # noqa: E402
 CONCURRENCY = (1, 16, 64)
 SERVICES = (
     "peer_minimal",
+    "peer_floor",
     "peer_batched",
     "ours",
     "ours_raw_body",
@@ -57,7 +61,8 @@ SERVICES = (
     "ours_per_core",
 )
 OURS = ("ours", "ours_raw_body", "ours_oip_image", "ours_oip_tensor", "ours_per_core")
-FORM = {"ours_raw_body": "raw", "ours_oip_image": "oip_image", "ours_oip_tensor": "oip_tensor"}  # else multipart
+# What each side sends for an image (bench/load.py's forms); the others send the multipart form.
+FORM = {"peer_floor": "raw", "ours_raw_body": "raw", "ours_oip_image": "oip_image", "ours_oip_tensor": "oip_tensor"}
 CPU_ONLY = ("ours_per_core",)  # one worker per core is a CPU arrangement; on a GPU host it is one per GPU
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
 
@@ -70,6 +75,8 @@ def default_sides(device: str) -> list[str]:
 
 
 def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
+    if name == "peer_floor":
+        return FloorServer(log, folder, device)
     if name in OURS:
         workers = usable_cores() if name == "ours_per_core" else 1
         return BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device, HANDOFF_WORKERS=str(workers))
@@ -147,7 +154,7 @@ def main() -> int:
             )
             ratios[f"{name}_over_limit_c{c}"] = r["images_per_s"] / limit["images_per_s"]
         for ours in (n for n in OURS if n in args.sides):
-            for peer in (p for p in PEERS if p in args.sides):
+            for peer in (p for p in (*PEERS, "peer_floor") if p in args.sides):
                 ratios[f"{ours}_over_{peer}_c{c}"] = median[ours][c]["images_per_s"] / median[peer][c]["images_per_s"]
     for name in ("ours_oip_image", "ours_oip_tensor"):  # the protocol's goal: as fast as raw-body /classify
         if name in args.sides and "ours_raw_body" in args.sides:

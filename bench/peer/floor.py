@@ -1,0 +1,93 @@
+"""The floor: the least a Python HTTP server costs here. A bare ASGI app (Starlette on uvicorn, one process), the
+same decoding (train/pil_transform.py, one decode per core at a time), the same batcher (serve/batching.py) and
+the same ONNX Runtime session settings as the service, and nothing else: no BentoML, no middleware, no limits,
+no metrics, no access log. Used by bench/serve_throughput.py as the side `peer_floor`.
+
+    python bench/peer/floor.py MODEL_DIR PORT [cpu|cuda]
+
+POST /classify takes the JPEG as the body and answers {"index": top-1}; GET /readyz answers 200 once loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from export.manifest import read_manifest_unchecked  # noqa: E402
+from harness.server import BentoServer, free_port  # noqa: E402
+from serve.batching import ModelBatcher  # noqa: E402
+from serve.config import usable_cores  # noqa: E402
+from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+from train.pil_transform import Preprocessor  # noqa: E402
+
+
+def app(folder: Path, device: str) -> Starlette:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device))
+    pre = Preprocessor.from_manifest(read_manifest_unchecked(folder)["preprocess"], max_pixels=10**8)
+    decoders = anyio.CapacityLimiter(usable_cores())
+    state: dict[str, ModelBatcher] = {}
+
+    def run(batch: np.ndarray) -> np.ndarray:
+        return session.run(None, {"input": batch})[0]
+
+    async def classify(request: Request) -> JSONResponse:
+        body = await request.body()
+        row = await anyio.to_thread.run_sync(lambda: pre(pre.decode(body)), limiter=decoders)
+        if "batcher" not in state:  # on the server's loop, at the first request
+            state["batcher"] = ModelBatcher(run, 32, 10_000)
+        logits = await state["batcher"](row[None])
+        return JSONResponse({"index": int(logits[0].argmax())})
+
+    async def ready(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def provider(request: Request) -> JSONResponse:
+        return JSONResponse({"provider": session.get_providers()[0]})
+
+    return Starlette(
+        routes=[
+            Route("/classify", classify, methods=["POST"]),
+            Route("/readyz", ready),
+            Route("/provider", provider, methods=["POST"]),
+        ]
+    )
+
+
+class FloorServer(BentoServer):
+    """The floor started as a process, with the interface the benchmarks use for BentoML servers."""
+
+    def __init__(self, log: Path, folder: Path, device: str) -> None:  # sets BentoServer's own fields
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, str(folder), str(self.port), device],
+            cwd=ROOT,
+            env=os.environ.copy(),
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    folder, port = Path(sys.argv[1]), int(sys.argv[2])
+    device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
+    uvicorn.run(app(folder, device), host="127.0.0.1", port=port, log_level="warning", access_log=False)
