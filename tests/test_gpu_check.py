@@ -16,6 +16,7 @@ STEPS = [
     "serve with bentoml on the device",
     "serving benchmark",
     "TensorRT execution provider",
+    "any model (a text classifier) exported and served on the device",
 ]
 
 
@@ -49,4 +50,6 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     trt = steps["TensorRT execution provider"]
     # No GPU here: the step must say why TensorRT could not run, not pass silently.
     assert trt["loaded"] is False and ("TensorRT" in trt["why"] or "fell back" in trt["why"]), trt
+    any_model = steps["any model (a text classifier) exported and served on the device"]
+    assert any_model["provider"] == "CPUExecutionProvider" and any_model["max_abs_difference"] <= 1e-3
     assert (out / "gpu_check.log").read_text().count("===") == 2 * len(STEPS)
