@@ -46,6 +46,7 @@ from export.tensor_model import (
     SignatureModule,
     describe,
     dynamic_shapes,
+    first_line,
     load_example,
     parse_dynamic,
     traceable,
@@ -63,11 +64,6 @@ CLASSIFIER_ONLY = {
     "image_size": "--image-size",
     "samples": "--samples",
 }
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return (lines[0] if lines else type(err).__name__)[:300]
 
 
 def tensor_job(
@@ -135,11 +131,11 @@ def write_tensor_export(
                     exported[name] = write()
                 except Exception as err:  # noqa: BLE001 - the exporter's own words, then what to try
                     if name == "torchscript":
-                        skipped[artifact] = f"torch.jit.trace cannot trace this model: {_first_line(err)}"
+                        skipped[artifact] = f"torch.jit.trace cannot trace this model: {first_line(err)}"
                         continue
                     others = [f for f in ("onnx", "pt2") if f != name]
                     raise ValueError(
-                        f"the model cannot be exported to {name}: {_first_line(err)}; try --formats {','.join(others)}"
+                        f"the model cannot be exported to {name}: {first_line(err)}; try --formats {','.join(others)}"
                     ) from None
     manifest["onnx"] = (
         {"opset": exported["onnx"]["opset"], "external_data": exported["onnx"]["external_data"]}

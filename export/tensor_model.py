@@ -135,6 +135,12 @@ def name_outputs(output: Any) -> dict[str, torch.Tensor]:
     return named
 
 
+def first_line(err: BaseException) -> str:
+    """The first non-empty line of an error (the user's model's, an exporter's), cut to 300 characters."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return (lines[0] if lines else type(err).__name__)[:300]
+
+
 class SignatureModule(nn.Module):
     """The user's module called as the signature says (by keyword, or one tensor positionally), giving a tuple
     of tensors in the signature's output order: one convention for ONNX, torch.export, TorchScript and parity."""
@@ -161,9 +167,8 @@ def describe(
         with torch.inference_mode():
             output = model(**example.inputs) if example.keywords else model(*example.inputs.values())
     except Exception as err:  # noqa: BLE001 - the user's model: whatever it raises is the answer to give
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(
-            f"the example does not fit the model: {type(err).__name__}: {message} (given {example.described()})"
+            f"the example does not fit the model: {type(err).__name__}: {first_line(err)} (given {example.described()})"
         ) from None
     outputs = name_outputs(output)
     for name, tensor in outputs.items():

@@ -28,6 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.load import uploads  # noqa: E402
 from bench.serve_throughput import default_sides  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.ort_cuda import preload_cuda_libraries  # noqa: E402
@@ -198,20 +199,8 @@ def serve_on_device(out: Path, folder: str, device: str) -> dict[str, Any]:
         info = httpx.get(f"{server.url}/info", timeout=10).json()
         answer = httpx.post(f"{server.url}/classify", files={"image": ("photo.jpg", photo.getvalue())}, timeout=60)
         # The same photo through the Open Inference Protocol's binary infer (BYTES `image`), as tritonclient sends it
-        data = len(photo.getvalue()).to_bytes(4, "little") + photo.getvalue()
-        header = json.dumps(
-            {
-                "inputs": [
-                    {"name": "image", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(data)}}
-                ]
-            }
-        ).encode()
-        protocol = httpx.post(
-            f"{server.url}/v2/models/handoff/infer",
-            content=header + data,
-            headers={"inference-header-content-length": str(len(header))},
-            timeout=60,
-        )
+        (infer,) = uploads([photo.getvalue()], "oip_image")
+        protocol = httpx.post(f"{server.url}{infer.path}", content=infer.body, headers=infer.headers, timeout=60)
     expected = "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider"
     if info.get("provider") != expected or info.get("device") != device:
         raise RuntimeError(f"/info reports {info.get('provider')} on {info.get('device')}, expected {expected}")

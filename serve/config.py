@@ -80,10 +80,10 @@ class ServeConfig:
     """a new connection that sends nothing for this long is closed (kept-alive ones: uvicorn's 5 s)"""
     max_body_mb: int = _setting("HANDOFF_MAX_BODY_MB", 20, _env_int)
     max_pixels: int = _setting("HANDOFF_MAX_PIXELS", 40_000_000, _env_int)
+    """decompression-bomb guard: larger images are refused before decoding"""
     decode: str = _setting("HANDOFF_DECODE", "auto")
     """auto: a JPEG at least twice the resize target is decoded at a reduced scale (draft mode), where the
     export's check of that passed (manifest `decode`); exact: every image decoded bit-exactly"""
-    """decompression-bomb guard: larger images are refused before decoding"""
 
     def __post_init__(self) -> None:
         for name, value, least in (

@@ -34,11 +34,15 @@ async def _answer(scope: Scope, send: Send, answer: typing.Awaitable[dict[str, A
     try:
         payload = await answer
     except BentoMLException as err:
-        status = err.error_code.value
-        line = client_error_args(scope["method"], scope["path"], status, err)
-        (log.info if status < 500 else log.warning)(CLIENT_ERROR, *line)
-        return await send_json(send, status, {"error": str(err)})
+        return await send_client_error(scope, send, err.error_code.value, err)
     await send_json(send, 200, payload)
+
+
+async def send_client_error(scope: Scope, send: Send, status: int, error: BaseException) -> None:
+    """`{"error": ...}` with `status`, logged as one line (INFO for a 4xx, WARNING for a 5xx), no traceback."""
+    line = client_error_args(scope["method"], scope["path"], status, error)
+    (log.info if status < 500 else log.warning)(CLIENT_ERROR, *line)
+    await send_json(send, status, {"error": str(error)})
 
 
 def _only_params(params: dict[str, list[str]], allowed: set[str]) -> None:

@@ -14,7 +14,6 @@ Every error is {"error": "..."}, the one form tritonclient decodes. Infer reques
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +26,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from export.signature import TASK_IMAGE_CLASSIFICATION, Signature
-from serve.front_door import BodyRoute, Scope, Send, send_json
-from serve.logs import CLIENT_ERROR, client_error_args
+from serve.front_door import BodyRoute, Scope, Send
+from serve.handlers import send_client_error
 from serve.oip_codec import (
     OIP_DATATYPE,
     InferRequest,
@@ -39,8 +38,6 @@ from serve.oip_codec import (
     encode_infer_response,
     parse_infer_request,
 )
-
-log = logging.getLogger("bentoml.handoff.oip")
 
 VERSION = "1"
 # Exactly what is implemented: no `statistics` (no /v2/models/NAME/stats), no shared memory, no repository API.
@@ -226,19 +223,25 @@ class ProtocolSurface:
                 request = await anyio.to_thread.run_sync(parse_infer_request, body, header, limiter=service.decoders)
             outputs = await service.protocol_infer(request)
         except ProtocolError as err:
-            return await self._refuse(scope, send, err.status, str(err))
+            return await send_client_error(scope, send, err.status, err)
         except BentoMLException as err:  # the service's own 4xx (a bad image), or 503 when overloaded
-            return await self._refuse(scope, send, err.error_code.value, str(err))
+            return await send_client_error(scope, send, err.error_code.value, err)
         body_out, headers = encode_infer_response(self.name, VERSION, request.id, outputs)
         headers.append((b"content-length", str(len(body_out)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body_out})
 
-    @staticmethod
-    async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
-        line = client_error_args("POST", scope["path"], status, ProtocolError(message))
-        (log.info if status < 500 else log.warning)(CLIENT_ERROR, *line)
-        await send_json(send, status, {"error": message})
+    def describe(self) -> dict[str, Any]:
+        """Where the protocol's endpoints are, for /info and the page."""
+        prefix = model_paths(self.name)[0]
+        return {
+            "name": "Open Inference Protocol (KServe V2 / Triton HTTP)",
+            "model_name": self.name,
+            "metadata": prefix,
+            "infer": f"{prefix}/infer",
+            "config": f"{prefix}/config",
+            "health": ["/v2/health/live", "/v2/health/ready"],
+        }
 
 
 def select_outputs(

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import orjson  # parses a JSON tensor's numbers about 5x faster than json (bench/protocol_json.py)
 
+from serve.json_body import not_json_numbers
+
 # The protocol's datatypes and NumPy's (little-endian, as the binary extension sends them); BYTES is a list.
 DATATYPES: dict[str, str] = {
     "BOOL": "bool",
@@ -179,11 +181,15 @@ def json_array(data: Any, datatype: str, name: str) -> np.ndarray:
         sort = {"FP": "numbers", "INT": "whole numbers", "UINT": "whole numbers", "BOOL": "true/false"}[family]
         raise ProtocolError(f"input {name!r}: {datatype} data must be {sort}")
     target = np.dtype(DATATYPES[datatype])
-    if array.dtype.kind == "i" and target.kind in "iu" and array.size:
-        info = np.iinfo(target)
-        if array.min() < info.min or array.max() > info.max:
-            raise ProtocolError(f"input {name!r}: a number is out of {datatype}'s range")
+    if array.dtype.kind == "i" and target.kind in "iu" and not fits_integers(array, target):
+        raise ProtocolError(f"input {name!r}: a number is out of {datatype}'s range")
     return array.astype(target)
+
+
+def fits_integers(array: np.ndarray, target: np.dtype) -> bool:
+    """Whether every value of an integer array fits the integer type `target` (an empty array does)."""
+    info = np.iinfo(target)
+    return not array.size or (array.min() >= info.min and array.max() <= info.max)
 
 
 def _json_value(data: Any, datatype: str, shape: tuple[int, ...], name: str) -> Any:
@@ -229,8 +235,9 @@ def parse_infer_request(body: bytes, header_length: bytes | None) -> InferReques
     try:
         document = _object(orjson.loads(header), "the request")
     except orjson.JSONDecodeError as err:
-        hint = "; NaN and Infinity are not JSON numbers" if b"NaN" in header or b"Infinity" in header else ""
-        raise ProtocolError(f"the request's JSON header is not valid JSON ({str(err)[:120]}){hint}") from None
+        raise ProtocolError(
+            f"the request's JSON header is not valid JSON ({str(err)[:120]}){not_json_numbers(header)}"
+        ) from None
     entries = document.get("inputs")
     if not isinstance(entries, list) or not 1 <= len(entries) <= MAX_TENSORS:
         raise ProtocolError(f"inputs must be a list of 1 to {MAX_TENSORS} tensors")

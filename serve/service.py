@@ -316,14 +316,7 @@ class HandoffClassifier:
                 "padded_to": self._padded_batch_sizes(),
             },
             "cpu": {"workers": CONFIG.workers, "model_threads": self.model_threads},
-            "protocol": {
-                "name": "Open Inference Protocol (KServe V2 / Triton HTTP)",
-                "model_name": CONFIG.model_name,
-                "metadata": f"/v2/models/{CONFIG.model_name}",
-                "infer": f"/v2/models/{CONFIG.model_name}/infer",
-                "config": f"/v2/models/{CONFIG.model_name}/config",
-                "health": ["/v2/health/live", "/v2/health/ready"],
-            },
+            "protocol": PROTOCOL.describe(),
         }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from export.signature import Signature, TensorSpec
-from serve.oip_codec import OIP_DATATYPE, ProtocolError, json_array
+from serve.oip_codec import OIP_DATATYPE, ProtocolError, fits_integers, json_array
 
 
 def _convert(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
@@ -27,8 +27,7 @@ def _convert(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
             raise ProtocolError(f"input {spec.name!r}: values beyond {OIP_DATATYPE[spec.dtype]}'s range")
         return converted
     if array.dtype.kind in "iu" and target.kind in "iu":
-        info = np.iinfo(target)
-        if array.size and (array.min() < info.min or array.max() > info.max):
+        if not fits_integers(array, target):
             raise ProtocolError(f"input {spec.name!r}: a value is out of {OIP_DATATYPE[spec.dtype]}'s range")
         return array.astype(target)
     given = OIP_DATATYPE.get(array.dtype.name, array.dtype.name)
@@ -64,10 +63,13 @@ def model_inputs(given: dict[str, np.ndarray], signature: Signature, max_rows: i
     if len(rows) != 1:
         sizes = ", ".join(f"{n} {len(a)}" for n, a in checked.items())
         raise ProtocolError(f"inputs disagree on the batch (dimension 0): {sizes}")
-    (count,) = rows
-    if not 1 <= count <= max_rows:
-        raise ProtocolError(f"{count} rows; send 1 to {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)")
+    check_rows(next(iter(rows)), max_rows)
     return checked
+
+
+def check_rows(rows: int, max_rows: int) -> None:
+    if not 1 <= rows <= max_rows:
+        raise ProtocolError(f"{rows} rows; send 1 to {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)")
 
 
 def json_inputs(document: Any, signature: Signature) -> dict[str, np.ndarray]:

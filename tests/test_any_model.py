@@ -277,54 +277,18 @@ def test_exports_that_cannot_work_are_refused_with_one_line(trained, tmp_path):
     bad_out = tmp_path / "bad_output.npz"
     np.savez(bad_out, features=np.zeros((3, 6), np.float32))
     torch.save({"linear.weight": torch.zeros(1, 6), "linear.bias": torch.zeros(1)}, tmp_path / "sum.pth")
+
+    def text_model(example: Path, *flags: str) -> subprocess.CompletedProcess:
+        return export_cli(
+            text, "--model", "models:TextClassifier", "--example", str(example), *flags, "--out", str(out)
+        )
+
+    summing = ["--model", "models:SummingModel", "--example", str(bad_out), "--out", str(out)]
     cases = [
-        (
-            export_cli(text, "--model", "models:TextClassifier", "--example", str(wrong), "--out", str(out)),
-            "does not fit the model",
-            "tokens int64 [2, 5]",
-        ),
-        (
-            export_cli(
-                str(tmp_path / "sum.pth"),
-                "--model",
-                "models:SummingModel",
-                "--example",
-                str(bad_out),
-                "--out",
-                str(out),
-            ),
-            "batch",
-            "output 'output' has shape []",
-        ),
-        (
-            export_cli(
-                text,
-                "--model",
-                "models:TextClassifier",
-                "--example",
-                str(trained / "text_example.pt"),
-                "--int8",
-                "--out",
-                str(out),
-            ),
-            "--int8",
-            "image classifiers",
-        ),
-        (
-            export_cli(
-                text,
-                "--model",
-                "models:TextClassifier",
-                "--example",
-                str(trained / "text_example.pt"),
-                "--dynamic",
-                "tokens:0",
-                "--out",
-                str(out),
-            ),
-            "dimension 0 is the batch",
-            "",
-        ),
+        (text_model(wrong), "does not fit the model", "tokens int64 [2, 5]"),
+        (export_cli(str(tmp_path / "sum.pth"), *summing), "batch", "output 'output' has shape []"),
+        (text_model(trained / "text_example.pt", "--int8"), "--int8", "image classifiers"),
+        (text_model(trained / "text_example.pt", "--dynamic", "tokens:0"), "dimension 0 is the batch", ""),
     ]
     for result, *words in cases:
         assert result.returncode == 2, result.stderr[-2000:]
