@@ -22,7 +22,7 @@ from export.exporters import (
     export_safetensors,
     export_torchscript,
 )
-from export.inputs import parity_inputs, real_images
+from export.inputs import REAL_IMAGES, parity_inputs, real_images
 from export.int8 import quantize, report_dict
 from export.manifest import (
     AOTI,
@@ -114,14 +114,14 @@ def write_and_check(
     precision = pin_precision()
     tol = options.tolerance
     with timed(timings, "parity"):
-        inputs, described = parity_inputs(pre, data, options.samples, val_split=options.val_split)
+        images, origin = real_images(data, options.samples, REAL_IMAGES, options.val_split)
+        inputs, described = parity_inputs(pre, images, origin)
         computing = set(formats) - {"safetensors"}
         results = run_parity(model, folder, inputs, formats, device, options.fp16, tol) if computing else []
     manifest["parity"] = parity_report(results, device, options.fp16, tol, precision, len(inputs), described)
     if manifest["parity"]["pass"]:
         with timed(timings, "decode_check"):
-            images, _ = real_images(data, options.samples, 16, options.val_split)
-            check = check_fast_decode(model, pre, images)
+            check = check_fast_decode(model, pre, images)  # the same real images parity ran on
         manifest["decode"] = decode_report(check)
         manifest["parity"]["summary"].append(check.line())
     int8_passed = True

@@ -15,6 +15,7 @@ from train.presets import eval_transform
 
 log = logging.getLogger(__name__)
 
+REAL_IMAGES = 16  # real images parity (and the fast-decode check) run on, at most
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
 
 
@@ -57,16 +58,10 @@ def real_images(
 
 
 def parity_inputs(
-    preprocess: dict[str, Any],
-    data: str | None,
-    samples: Path | None,
-    real: int = 16,
-    random: int = 16,
-    seed: int = 0,
-    val_split: str | None = None,
+    preprocess: dict[str, Any], images: list[Image.Image], origin: str, random: int = 16, seed: int = 0
 ) -> tuple[torch.Tensor, str]:
+    """The real `images` (from `real_images`) through the model's own preprocessing, plus `random` noise inputs."""
     transform = eval_transform_of(preprocess)
-    images, origin = real_images(data, samples, real, val_split)
     real_batch = torch.stack([transform(img) for img in images])
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn((random, *real_batch.shape[1:]), generator=generator)

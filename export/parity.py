@@ -91,6 +91,16 @@ def _batches(inputs: torch.Tensor) -> list[torch.Tensor]:
     return [inputs[i : i + b] for b in BATCH_SIZES for i in range(0, len(inputs) - b + 1, b)]
 
 
+def onnx_sessions(path: Path, device: torch.device) -> list[tuple[str, str, Any]]:
+    """(provider, device type, session) for every ONNX Runtime provider parity checks: the CPU's, and CUDA's
+    where the reference runs on a GPU."""
+    providers = ["CPUExecutionProvider"] + (["CUDAExecutionProvider"] if device.type == "cuda" else [])
+    return [
+        (p, "cuda" if p == "CUDAExecutionProvider" else "cpu", _onnx_session(path, p, device.index or 0))
+        for p in providers
+    ]
+
+
 def _onnx_session(path: Path, provider: str, device_index: int) -> Any:
     import onnxruntime as ort
 
@@ -132,19 +142,8 @@ def run_parity(
     feed_dtype = torch.float16 if fp16 else torch.float32
     runners: list[tuple[str, str, str, str, Callable[[torch.Tensor], np.ndarray]]] = []
     if "onnx" in formats:
-        providers = ["CPUExecutionProvider"] + (["CUDAExecutionProvider"] if device.type == "cuda" else [])
-        for provider in providers:
-            session = _onnx_session(folder / ONNX, provider, device.index or 0)
-            dev = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
-            runners.append(
-                (
-                    ONNX,
-                    "onnxruntime",
-                    provider,
-                    dev,
-                    _onnx_runner(session, feed_dtype),
-                )
-            )
+        for provider, dev, session in onnx_sessions(folder / ONNX, device):
+            runners.append((ONNX, "onnxruntime", provider, dev, _onnx_runner(session, feed_dtype)))
     for name, artifact, runtime, load in (
         ("pt2", PT2, "torch.export", lambda p: torch.export.load(p).module()),
         ("aoti", AOTI, "aotinductor", _load_aoti),

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from export.manifest import ONNX, PT2, TORCHSCRIPT
-from export.parity import Comparison, Tolerance, _onnx_session, close_by_row
+from export.parity import Comparison, Tolerance, close_by_row, onnx_sessions
 from export.tensor_model import Example, SignatureModule
 
 Runner = Callable[[Example], list[np.ndarray]]
@@ -42,13 +42,15 @@ def _numpy(outputs: Any) -> list[np.ndarray]:
 def _runners(folder: Path, formats: list[str], device: torch.device) -> list[tuple[str, str, str, str, Runner]]:
     runners: list[tuple[str, str, str, str, Runner]] = []
     if "onnx" in formats:
-        session = _onnx_session(folder / ONNX, "CPUExecutionProvider", 0)
-        names = [i.name for i in session.get_inputs()]
+        for provider, where, session in onnx_sessions(folder / ONNX, device):
 
-        def run_onnx(case: Example) -> list[np.ndarray]:
-            return session.run(None, {n: case.inputs[n].numpy() for n in names})
+            # an input the graph does not use is not among its inputs: fed only what it takes
+            names = tuple(i.name for i in session.get_inputs())
 
-        runners.append((ONNX, "onnxruntime", "CPUExecutionProvider", "cpu", run_onnx))
+            def run_onnx(case: Example, session: Any = session, names: tuple[str, ...] = names) -> list[np.ndarray]:
+                return session.run(None, {n: case.inputs[n].numpy() for n in names})
+
+            runners.append((ONNX, "onnxruntime", provider, where, run_onnx))
     if "pt2" in formats:
         program = torch.export.load(str(folder / PT2)).module().to(device)
 
@@ -89,6 +91,8 @@ def run_tensor_parity(
             try:
                 outputs = run(case)
             except Exception:  # noqa: BLE001 - an artifact that cannot run a case fails parity, it does not crash
+                outputs = []
+            if len(outputs) != len(reference):  # it failed, or gives another number of outputs
                 worst_abs = worst_rel = float("inf")
                 passed = False
                 continue
