@@ -43,7 +43,6 @@ def _runners(folder: Path, formats: list[str], device: torch.device) -> list[tup
     runners: list[tuple[str, str, str, str, Runner]] = []
     if "onnx" in formats:
         for provider, where, session in onnx_sessions(folder / ONNX, device):
-
             # an input the graph does not use is not among its inputs: fed only what it takes
             names = tuple(i.name for i in session.get_inputs())
 
