@@ -17,6 +17,8 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
   same images, the decoding done by the client);
 - peer_floor: bench/peer/floor.py, a bare ASGI app (Starlette on uvicorn) with the same decoding, batcher and
   session and nothing else: the least a Python HTTP server costs here (raw JPEG bodies);
+- ours_with_spans: ours_raw_body with BentoML's per-request OpenTelemetry span kept, as BentoML ships it
+  (tracing configured with a sample rate so small that nothing is exported): the A/B for serve/tracing.py;
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
   (HANDOFF_WORKERS; each worker's model then runs on one thread).
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
@@ -58,12 +60,21 @@ SERVICES = (
     "ours_raw_body",
     "ours_oip_image",
     "ours_oip_tensor",
+    "ours_with_spans",
     "ours_per_core",
 )
-OURS = ("ours", "ours_raw_body", "ours_oip_image", "ours_oip_tensor", "ours_per_core")
+OURS = ("ours", "ours_raw_body", "ours_oip_image", "ours_oip_tensor", "ours_with_spans", "ours_per_core")
 # What each side sends for an image (bench/load.py's forms); the others send the multipart form.
-FORM = {"peer_floor": "raw", "ours_raw_body": "raw", "ours_oip_image": "oip_image", "ours_oip_tensor": "oip_tensor"}
+FORM = {
+    "peer_floor": "raw",
+    "ours_raw_body": "raw",
+    "ours_with_spans": "raw",
+    "ours_oip_image": "oip_image",
+    "ours_oip_tensor": "oip_tensor",
+}
 CPU_ONLY = ("ours_per_core",)  # one worker per core is a CPU arrangement; on a GPU host it is one per GPU
+# tracing "configured" (serve/tracing.py keeps the span middleware) with next to no trace ever sampled
+SPANS_KEPT = "tracing.exporter_type=in_memory tracing.sample_rate=0.000001"
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
 
 
@@ -79,7 +90,17 @@ def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
         return FloorServer(log, folder, device)
     if name in OURS:
         workers = usable_cores() if name == "ours_per_core" else 1
-        return BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device, HANDOFF_WORKERS=str(workers))
+        spans = {"BENTOML_CONFIG_OPTIONS": SPANS_KEPT} if name == "ours_with_spans" else {}
+        return BentoServer(
+            log,
+            None,
+            ROOT,
+            None,
+            HANDOFF_MODEL_DIR=str(folder),
+            HANDOFF_DEVICE=device,
+            HANDOFF_WORKERS=str(workers),
+            **spans,
+        )
     return BentoServer(
         log, target=PEERS[name], cwd=ROOT / "bench" / "peer", PEER_MODEL_DIR=str(folder), PEER_DEVICE=device
     )
@@ -156,7 +177,8 @@ def main() -> int:
         for ours in (n for n in OURS if n in args.sides):
             for peer in (p for p in (*PEERS, "peer_floor") if p in args.sides):
                 ratios[f"{ours}_over_{peer}_c{c}"] = median[ours][c]["images_per_s"] / median[peer][c]["images_per_s"]
-    for name in ("ours_oip_image", "ours_oip_tensor"):  # the protocol's goal: as fast as raw-body /classify
+    # the protocol's goal: as fast as raw-body /classify; and the span middleware's cost
+    for name in ("ours_oip_image", "ours_oip_tensor", "ours_with_spans"):
         if name in args.sides and "ours_raw_body" in args.sides:
             ratios[f"{name}_over_ours_raw_body_c64"] = (
                 median[name]["64"]["images_per_s"] / median["ours_raw_body"]["64"]["images_per_s"]

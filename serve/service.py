@@ -45,6 +45,7 @@ from serve.oip_infer import classifier_infer, tensor_infer
 from serve.page import PAGE, PAGE_HEADERS
 from serve.runtime import RuntimeUnavailable, load_runtime, softmax
 from serve.tensor_inputs import json_inputs, model_inputs
+from serve.tracing import skip_unexported_spans
 from train.pil_transform import BadImage, Preprocessor
 
 log = logging.getLogger("bentoml.handoff")  # under "bentoml", so `bentoml serve` shows it
@@ -325,6 +326,7 @@ RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/bmp
 
 
 SERVICE.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys, open_paths=PROBES | open_paths(CONFIG.model_name))
+skip_unexported_spans()
 bound_metric_labels(
     {
         "/",

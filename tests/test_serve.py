@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -253,6 +254,26 @@ def test_bad_input_gets_a_clear_4xx_and_nothing_breaks(server):
     log = server.log.read_text()
     assert "Traceback" not in log, "a client's mistake is one INFO line, not a traceback"
     assert "POST /classify: 400" in log and "[ERROR]" not in log
+
+
+def test_tracing_spans_only_where_tracing_is_configured(server, exported, tmp_path):
+    """BentoML's per-request OpenTelemetry span is left out unless an exporter is configured (serve/tracing.py):
+    the access log's lines carry trace ids only then."""
+
+    def access_lines(srv: Server) -> list[str]:
+        assert classify(srv.url, png_bytes(digit_images(1)[0][0])).status_code == 200
+        for _ in range(50):  # the access log is written after the answer
+            lines = [line for line in srv.log.read_text().splitlines() if "path=/classify" in line]
+            if lines:
+                return lines
+            time.sleep(0.1)
+        raise AssertionError("no access log line for /classify")
+
+    assert not any("trace=" in line for line in access_lines(server))
+    traced = {"BENTOML_CONFIG_OPTIONS": "tracing.exporter_type=in_memory tracing.sample_rate=1.0"}
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), **traced) as srv:
+        srv.wait_ready()
+        assert all("trace=" in line for line in access_lines(srv))
 
 
 def test_info_hides_absolute_paths(server, exported):
