@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NPROC ?= 2
 RUN ?= runs/demo
 
-.PHONY: install demo test test-fast lint soak bench clean
+.PHONY: install demo test test-fast lint docs soak bench clean
 
 install: $(STAMP)
 
@@ -37,6 +37,10 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing page fails.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # The long checks left out of `make test`: 10,000 mixed requests at concurrency 32 against a served model
 # (failures, memory growth, p99; ~3 min) and a SIGKILL during a synchronous save.

@@ -306,6 +306,21 @@ def serving_benchmark(
     }
 
 
+def workers_per_device(out: Path, folder: str, device: str, dry_run: bool) -> dict[str, Any]:
+    """HANDOFF_WORKERS 1, 2 and 4 on one device at c=64 and c=256 against the limit and the floor peer
+    (bench/workers.py): the measurement that picks the default workers per GPU."""
+    workers, levels, seconds, rounds = (
+        (["1", "2"], ["16"], "2", "1") if dry_run else (["1", "2", "4"], ["64", "256"], "6", "2")
+    )
+    sh(
+        [sys.executable, "bench/workers.py", "--device", device, "--export", folder, "--workers", *workers]
+        + ["--concurrency", *levels, "--seconds", seconds, "--rounds", rounds, "--results-dir", str(out)],
+        out / "workers.log",
+        timeout=900,
+    )
+    return json.loads((out / f"workers_{device}.json").read_text())["figures"]
+
+
 def tensorrt(out: Path, folder: str) -> dict[str, Any]:
     """Reported, not required: whether ONNX Runtime's TensorRT provider loads and agrees with the CUDA one."""
     import numpy as np
@@ -375,6 +390,7 @@ def main() -> int:
         report.run(
             "serving benchmark", lambda: serving_benchmark(args.out, fp32["folder"], device, seconds, rounds, sides)
         )
+        report.run("workers per device", lambda: workers_per_device(args.out, fp32["folder"], device, args.dry_run_cpu))
         report.run("TensorRT execution provider", lambda: tensorrt(args.out, fp32["folder"]))
     report.run(
         "any model (a text classifier) exported and served on the device", lambda: any_model_on_device(args.out, device)

@@ -15,6 +15,7 @@ STEPS = [
     "export resnet18 with parity (fp16)",
     "serve with bentoml on the device",
     "serving benchmark",
+    "workers per device",
     "TensorRT execution provider",
     "any model (a text classifier) exported and served on the device",
 ]
@@ -47,6 +48,9 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     assert steps["serve with bentoml on the device"]["info"]["provider"] == "CPUExecutionProvider"
     bench = steps["serving benchmark"]
     assert set(bench["ours"]) == {"1", "16", "64"} and all(r["errors"] == 0 for r in bench["ours"].values())
+    workers = steps["workers per device"]
+    assert set(workers) == {"ours_1_workers c=16", "ours_2_workers c=16", "peer_floor c=16"}
+    assert all(line.endswith("errors 0") for line in workers.values()), workers
     trt = steps["TensorRT execution provider"]
     # No GPU here: the step must say why TensorRT could not run, not pass silently.
     assert trt["loaded"] is False and ("TensorRT" in trt["why"] or "fell back" in trt["why"]), trt

@@ -18,6 +18,7 @@ import torch
 import tritonclient.http as triton
 import tritonclient.http.aio as triton_aio
 from conftest import Server, digit_images, png_bytes
+from docs_snippets import run_curl_lines, run_python_block
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.xdist_group("protocol")
@@ -68,6 +69,18 @@ def image_input(files: list[bytes], binary: bool = True) -> triton.InferInput:
 def test_exact_decoding_is_kept_when_asked(server):
     decode = httpx.get(f"{server.url}/info", timeout=10).json()["model"]["decode"]
     assert decode["setting"] == "exact" and decode["fast_jpeg"] is False and decode["check"]["passed"]
+
+
+def test_the_protocol_pages_examples_run_as_written(server, images, tmp_path):
+    """docs/protocol.md's tritonclient example and its curl lines, run as written (the model renamed)."""
+    digit = tmp_path / "digit.png"
+    digit.write_bytes(images[1][0])
+    namespace = run_python_block(
+        "protocol.md", "tritonclient", server.url, {'"handoff"': repr(NAME), '"digit.png"': repr(str(digit))}
+    )
+    assert namespace["top3"].name() == "probabilities"
+    answers = run_curl_lines("protocol.md", server.url, {"/models/handoff/": f"/models/{NAME}/"})
+    assert any('"ready"' in answer or answer == "" for answer in answers)
 
 
 def test_health_metadata_and_config_as_tritonclient_reads_them(client):

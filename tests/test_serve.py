@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_cuda_library, png_bytes
+from docs_snippets import run_curl_lines, run_python_block
 from PIL import Image
 
 from export.manifest import read_manifest_unchecked
@@ -274,6 +275,22 @@ def test_tracing_spans_only_where_tracing_is_configured(server, exported, tmp_pa
     with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), **traced) as srv:
         srv.wait_ready()
         assert all("trace=" in line for line in access_lines(srv))
+
+
+def test_the_docs_show_the_openapi_document_the_service_serves(server):
+    """docs/http-api.md includes docs/reference/openapi.json: written here from the live service, never by hand."""
+    served = httpx.get(f"{server.url}/docs.json", timeout=10).json()
+    assert {"/classify", "/predict"} <= set(served["paths"])
+    (ROOT / "docs" / "reference" / "openapi.json").write_text(json.dumps(served, indent=2, sort_keys=True) + "\n")
+
+
+def test_the_serve_pages_commands_run_as_written(server, tmp_path):
+    """docs/serve.md's curl lines and Python client, run as written against a live service."""
+    digit = tmp_path / "digit.png"
+    digit.write_bytes(png_bytes(digit_images(1)[0][0]))
+    answers = run_curl_lines("serve.md", server.url, {"@digit.png": f"@{digit}"})
+    assert sum('"predictions"' in answer for answer in answers) == 3 and "bentoml_service_request" in answers[-1]
+    run_python_block("serve.md", "SyncHTTPClient", server.url, {'"digit.png"': repr(str(digit))})
 
 
 def test_info_hides_absolute_paths(server, exported):

@@ -8,11 +8,11 @@ import pytest
 
 from serve.config import SETTINGS, ServeConfig, cpu_quota, usable_cores
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SERVE_DOCS = Path(__file__).resolve().parents[2] / "docs" / "serve.md"
 
 
-def test_the_readme_table_lists_every_setting_and_no_other():
-    rows = re.findall(r"^\| `(HANDOFF_[A-Z0-9_]+)` \|", README.read_text(), re.MULTILINE)
+def test_the_docs_settings_table_lists_every_setting_and_no_other():
+    rows = re.findall(r"^\| `(HANDOFF_[A-Z0-9_]+)` \|", SERVE_DOCS.read_text(), re.MULTILINE)
     assert sorted(rows) == sorted(SETTINGS)
 
 

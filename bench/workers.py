@@ -1,0 +1,104 @@
+"""Workers per device: the service with 1, 2, 4... HTTP workers on one device, against the in-process limit and
+the floor peer, at high concurrency.
+
+    python bench/workers.py [--device cpu|cuda] [--workers 1 2 4] [--concurrency 64 256] [--export DIR]
+
+One event loop cannot feed a fast GPU: at ~1-3 ms of stack CPU per request, one worker answers a few hundred
+requests a second whatever the model does. `HANDOFF_WORKERS=N` starts N BentoML workers, each with its own
+ONNX Runtime session on the device (as Triton's instance groups do); this measures what N buys. On the CPU
+the workers share the cores (each worker's model runs on cores / N threads), so it measures what the extra
+event loop costs there; on a GPU it is the figure that picks the default (scripts/gpu_check.sh runs it).
+
+Model: resnet18 at 224 px (random weights) unless --export. Load: raw JPEG bodies to /classify (the floor
+peer takes the same), by bench/load.py (wrk when installed, else httpx). Each round measures the limit, then
+every side in a rotating order; figures are medians over rounds, each side also divided by its own round's
+limit (paired).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.limit import InProcessModel, limit_round  # noqa: E402
+from bench.load import load_levels, uploads, wrk_available  # noqa: E402
+from bench.peer.floor import FloorServer  # noqa: E402
+from bench.results import median_of_rounds, write_result  # noqa: E402
+from bench.workload import make_jpegs, make_model  # noqa: E402
+from harness.server import BentoServer  # noqa: E402
+
+
+def start(side: str, folder: Path, device: str, log: Path) -> BentoServer:
+    if side == "peer_floor":
+        return FloorServer(log, folder, device)
+    workers = side.removeprefix("ours_").removesuffix("_workers")
+    return BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device, HANDOFF_WORKERS=workers)
+
+
+def measure(side: str, folder: Path, jpegs: list[bytes], args: Any, log: Path) -> dict[str, Any]:
+    with start(side, folder, args.device, log) as server:
+        server.wait_ready()
+        levels = tuple(args.concurrency)
+        return load_levels(args.client, server.url, server.proc.pid, uploads(jpegs, "raw"), levels, args.seconds)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to compare")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[64, 256], help="client concurrency levels")
+    p.add_argument("--seconds", type=float, default=6.0, help="load per level, side and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
+    p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 (default)")
+    p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="workers-bench-"))
+    folder = args.export or make_model(work)
+    jpegs = make_jpegs()
+    model = InProcessModel(folder, args.device)
+    sides = [f"ours_{n}_workers" for n in args.workers] + ["peer_floor"]
+    rounds: list[dict[str, Any]] = []
+    for round_ in range(args.rounds):
+        this_round: dict[str, Any] = {"limit": limit_round(model, jpegs, args.seconds)}
+        for side in sides[round_ % len(sides) :] + sides[: round_ % len(sides)]:
+            this_round[side] = measure(side, folder, jpegs, args, work / f"{side}{round_}.log")
+        rounds.append(this_round)
+        print(f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.1f} images/s")
+    median = median_of_rounds(rounds)
+    print(f"limit (in-process, median of {args.rounds} rounds): {median['limit']['images_per_s']:.1f} images/s")
+    figures: dict[str, str] = {}
+    for c in map(str, args.concurrency):
+        for side in sides:
+            r = median[side][c]
+            paired = statistics.median(x[side][c]["images_per_s"] / x["limit"]["images_per_s"] for x in rounds)
+            line = (
+                f"{r['images_per_s']:7.1f} images/s ({paired:.2f} x the limit, paired)  p50 {r['p50_ms']:6.1f} ms  "
+                f"p99 {r['p99_ms']:6.1f} ms  server CPU {r['server_cpu_ms_per_image']:4.1f} ms/image  "
+                f"errors {r['errors']:.0f}"
+            )
+            print(f"{side:<15} c={c:<4} {line}")
+            figures[f"{side} c={c}"] = line
+    write_result(
+        f"workers_{args.device}",
+        {
+            "device": args.device,
+            "client": args.client,
+            "rounds": args.rounds,
+            "figures": figures,
+            "limit": median["limit"],
+            "sides": {side: median[side] for side in sides},
+        },
+        folder=args.results_dir,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
