@@ -19,6 +19,8 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
   session and nothing else: the least a Python HTTP server costs here (raw JPEG bodies);
 - ours_with_spans: ours_raw_body with BentoML's per-request OpenTelemetry span kept, as BentoML ships it
   (tracing configured with a sample rate so small that nothing is exported): the A/B for serve/tracing.py;
+- peer_litserve: bench/peer/litserve_peer.py, LitServe with its batching on (max_batch_size 32, batch_timeout
+  10 ms), the same decoding and session, the same multipart uploads as `ours`;
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
   (HANDOFF_WORKERS; each worker's model then runs on one thread).
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
@@ -44,6 +46,7 @@ from bench.checks import assert_provider  # noqa: E402
 from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import Upload, load_levels, uploads, wrk_available  # noqa: E402
 from bench.peer.floor import FloorServer  # noqa: E402
+from bench.peer.litserve_peer import LitServeServer  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from export.manifest import read_manifest  # noqa: E402
@@ -55,6 +58,7 @@ CONCURRENCY = (1, 16, 64)
 SERVICES = (
     "peer_minimal",
     "peer_floor",
+    "peer_litserve",
     "peer_batched",
     "ours",
     "ours_raw_body",
@@ -72,7 +76,9 @@ FORM = {
     "ours_oip_image": "oip_image",
     "ours_oip_tensor": "oip_tensor",
 }
-CPU_ONLY = ("ours_per_core",)  # one worker per core is a CPU arrangement; on a GPU host it is one per GPU
+# one worker per core is a CPU arrangement (on a GPU host it is one per GPU); LitServe is installed from PyPI
+# when first run, which the GPU machine (no internet) cannot do
+CPU_ONLY = ("ours_per_core", "peer_litserve")
 # tracing "configured" (serve/tracing.py keeps the span middleware) with next to no trace ever sampled
 SPANS_KEPT = "tracing.exporter_type=in_memory tracing.sample_rate=0.000001"
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
@@ -88,6 +94,8 @@ def default_sides(device: str) -> list[str]:
 def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
     if name == "peer_floor":
         return FloorServer(log, folder, device)
+    if name == "peer_litserve":
+        return LitServeServer(log, folder, device)
     if name in OURS:
         workers = usable_cores() if name == "ours_per_core" else 1
         spans = {"BENTOML_CONFIG_OPTIONS": SPANS_KEPT} if name == "ours_with_spans" else {}
@@ -142,7 +150,7 @@ def main() -> int:
     args = p.parse_args()
     args.sides = args.sides or default_sides(args.device)
     work = Path(tempfile.mkdtemp(prefix="serve-bench-"))
-    folder = args.export or make_model(work)
+    folder = args.export.resolve() if args.export else make_model(work)
     jpegs = make_jpegs()
     model = InProcessModel(folder, args.device)
     rounds: list[dict[str, Any]] = []
@@ -175,7 +183,7 @@ def main() -> int:
             )
             ratios[f"{name}_over_limit_c{c}"] = r["images_per_s"] / limit["images_per_s"]
         for ours in (n for n in OURS if n in args.sides):
-            for peer in (p for p in (*PEERS, "peer_floor") if p in args.sides):
+            for peer in (p for p in (*PEERS, "peer_floor", "peer_litserve") if p in args.sides):
                 ratios[f"{ours}_over_{peer}_c{c}"] = median[ours][c]["images_per_s"] / median[peer][c]["images_per_s"]
     # the protocol's goal: as fast as raw-body /classify; and the span middleware's cost
     for name in ("ours_oip_image", "ours_oip_tensor", "ours_with_spans"):

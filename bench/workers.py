@@ -60,7 +60,7 @@ def main() -> int:
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="workers-bench-"))
-    folder = args.export or make_model(work)
+    folder = args.export.resolve() if args.export else make_model(work)
     jpegs = make_jpegs()
     model = InProcessModel(folder, args.device)
     sides = [f"ours_{n}_workers" for n in args.workers] + ["peer_floor"]

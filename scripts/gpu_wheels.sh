@@ -9,7 +9,7 @@
 # recompressed with xz (~203 MB: its CUDA kernels are already compressed, so xz gains only a fifth), then
 # cut into parts. Each transfer-K folder fits one 64 MiB transfer with the working tree: carry them one
 # call at a time (the machine keeps ignored files while it stays warm), then run
-# `bash scripts/gpu_check.sh --out DIR` there, which unpacks and installs them (see the README).
+# `bash scripts/gpu_check.sh --out DIR` there, which unpacks and installs them (see docs/gpu.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpu_wheels

@@ -4,7 +4,7 @@ while the previous one ran (up to the largest batch). A request that finds the m
 Why not BentoML's dispatcher (the CorkDispatcher behind `batchable=True`, which this module drove before):
 it polls every millisecond, and waits on purpose for company by a wait it learns from past batches. After a
 burst at concurrency 64 that learned wait stayed: lone requests then took 189 ms at p50 instead of 22 ms
-(an A/B of the two, README's Benchmarks). Here nothing wakes unless a request arrives or a batch ends, and the
+(an A/B of the two, docs/benchmarks.md). Here nothing wakes unless a request arrives or a batch ends, and the
 batch size follows the load by itself: one at a time when requests are rare, full batches when they queue.
 
 On a GPU a batch is padded with zero rows up to the next of a few sizes (`pad_to`), the sizes the service

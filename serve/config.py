@@ -1,7 +1,7 @@
 """Service settings, read once from the environment (so `bentoml serve` needs no extra flags).
 
 Each field names its environment variable once, in its metadata; `SETTINGS` lists them all, so the
-README's table, the Kubernetes manifest in deploy/ and the tests check against this one list.
+docs/serve.md's table, the Kubernetes manifest in deploy/ and the tests check against this one list.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class ServeConfig:
     """1: /info shows absolute paths (checkpoint, model folder); otherwise file names only"""
     workers: int = _setting("HANDOFF_WORKERS", 1, _env_int)
     """server processes per replica: 1 on a CPU host for the lowest latency, one per core for the most images
-    per second; one per GPU on a GPU host (README, "Workers per replica")"""
+    per second; one per GPU on a GPU host (docs/deploy.md, "Workers per replica")"""
     cpu_threads: int | None = _setting("HANDOFF_CPU_THREADS", None, _env_int)
     """threads each worker's model runs on; unset: the cores this process may use, shared out among the workers"""
     max_batch_size: int = _setting("HANDOFF_MAX_BATCH_SIZE", 32, _env_int)

@@ -66,7 +66,7 @@ async def classify_image(scope: Scope, image: bytes, params: dict[str, list[str]
     """POST /classify, both ways: the multipart form (field `image`, optional `top_k`) or the image itself as
     the body (Content-Type: image/jpeg, image/png... and `?top_k=K`). serve/front_door.py parses the body once
     and hands it here, under its limits, instead of BentoML parsing the form again into a temporary file (A/B:
-    38.7 -> 37.8 ms of server CPU per image at c=64, c=1 p50 23.2 -> 21.9 ms; README's Benchmarks)."""
+    38.7 -> 37.8 ms of server CPU per image at c=64, c=1 p50 23.2 -> 21.9 ms; docs/benchmarks.md)."""
     await _answer(scope, send, _classify_answer(image, params))
 
 

@@ -2,10 +2,10 @@
 
 BentoML wraps every request in OpenTelemetry's ASGI middleware whether or not tracing is configured. With no
 exporter (BentoML's default: `tracing.sample_rate` unset, i.e. 0) each request still gets a span that is
-created, filled and thrown away, and every `send` of the response goes through one more wrapper: 0.8 ms of
-server CPU per request on the digits model at c=64 here, a fifth of the served request's CPU (README,
-"Where a served request's time goes", with the A/B command). When tracing is configured (an exporter and a
-sample rate above 0), the middleware stays exactly as BentoML builds it.
+created, filled and thrown away, and every `send` of the response goes through one more wrapper: 1.2 ms of
+server CPU per image on the digits model at c=64 here, 4.0 against 2.8 ms (docs/benchmarks.md, "Where the
+model is not the cost", with the A/B command; bench/serve_throughput.py's side `ours_with_spans`). When
+tracing is configured (an exporter and a sample rate above 0), the middleware stays as BentoML builds it.
 
 What goes without it: the unsampled trace and span ids in the access log's lines (they point to no trace).
 The access log, metrics, limits and every other middleware are untouched. Like serve/metrics_labels.py this

@@ -303,7 +303,7 @@ def test_health_answers_under_load_never_429(server, images):
 @pytest.fixture(scope="module")
 def kserve_python(tmp_path_factory) -> Path:
     """A virtualenv with PyPI's `kserve` (about 40 s): installed beside the project's own, kserve's
-    dependencies would change the server under test (uvicorn would pick up httptools and uvloop)."""
+    dependencies (its FastAPI, its own pins) would change the environment of the server under test."""
     venv = tmp_path_factory.mktemp("kserve") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     installed = subprocess.run(

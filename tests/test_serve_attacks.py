@@ -1,5 +1,5 @@
 """What a second attacker found (security round 2), each against a real `bentoml serve`: the figure each test
-measures is printed with `pytest -s` and quoted in the README's Security table."""
+measures is printed with `pytest -s` and quoted in docs/security.md."""
 
 from __future__ import annotations
 
