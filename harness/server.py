@@ -100,4 +100,3 @@ def _group_alive(group: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
