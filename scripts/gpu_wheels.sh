@@ -18,9 +18,11 @@ part_mib=52
 staging="$(mktemp -d -t gpu-wheels-XXXXXX)"
 trap 'rm -rf "$staging"' EXIT
 
+# bentoml and the serving path's own needs as pyproject.toml pins them (orjson, the exact uvicorn,
+# httptools; uvloop is in the image)
 python3 -m pip download --quiet --dest "$staging" --only-binary=:all: --implementation cp --python-version 3.12 \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform any "bentoml>=1.4,<1.5" onnxruntime-gpu httpx
+  --platform any "bentoml==1.4.40" onnxruntime-gpu httpx "uvicorn==0.54.0" "orjson>=3.9" "httptools>=0.6,<1"
 
 # Leave out what the image holds; keep the wheels of everything else.
 mkdir -p "$staging/keep"
