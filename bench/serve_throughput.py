@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from bench.checks import assert_provider  # noqa: E402
 from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import Upload, load_levels, uploads, wrk_available  # noqa: E402
-from bench.peer.floor import FloorServer  # noqa: E402
-from bench.peer.litserve_peer import LitServeServer  # noqa: E402
+from bench.peer.floor import floor_server  # noqa: E402
+from bench.peer.litserve_peer import litserve_server  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from export.manifest import read_manifest  # noqa: E402
@@ -93,9 +93,9 @@ def default_sides(device: str) -> list[str]:
 
 def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
     if name == "peer_floor":
-        return FloorServer(log, folder, device)
+        return floor_server(log, folder, device)
     if name == "peer_litserve":
-        return LitServeServer(log, folder, device)
+        return litserve_server(log, folder, device)
     if name in OURS:
         workers = usable_cores() if name == "ours_per_core" else 1
         spans = {"BENTOML_CONFIG_OPTIONS": SPANS_KEPT} if name == "ours_with_spans" else {}

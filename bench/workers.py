@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
-from bench.peer.floor import FloorServer  # noqa: E402
+from bench.peer.floor import floor_server  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -36,7 +36,7 @@ from harness.server import BentoServer  # noqa: E402
 
 def start(side: str, folder: Path, device: str, log: Path) -> BentoServer:
     if side == "peer_floor":
-        return FloorServer(log, folder, device)
+        return floor_server(log, folder, device)
     workers = side.removeprefix("ours_").removesuffix("_workers")
     return BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device, HANDOFF_WORKERS=workers)
 

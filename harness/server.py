@@ -31,14 +31,18 @@ class BentoServer:
         """`target` is what `bentoml serve` serves (default: the bentofile in `cwd`); `bentoml` the executable
         (default: `python -m bentoml` of this interpreter, which also works where bentoml was installed with
         `pip --target` and has no script beside the interpreter); `env` adds variables."""
+        launcher = [str(bentoml)] if bentoml else [sys.executable, "-m", "bentoml"]
+        serve = [*launcher, "serve", *([target] if target else []), "--host", "127.0.0.1", "--port"]
+        self._start(log, serve, cwd, env)
+
+    def _start(self, log: Path, command: list[str], cwd: Path, env: dict[str, str]) -> None:
+        """Runs `command` with a free port as its last argument, in a session of its own (stop() ends it all)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.started = time.monotonic()
-        launcher = [str(bentoml)] if bentoml else [sys.executable, "-m", "bentoml"]
-        cmd = [*launcher, "serve", *([target] if target else []), "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(
-            cmd,
+            [*command, str(self.port)],
             cwd=cwd,
             env={**os.environ, **env},
             stdout=open(log, "w"),
@@ -100,3 +104,11 @@ def _group_alive(group: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+class ScriptServer(BentoServer):
+    """A Python script that serves HTTP on the port given as its last argument (the benchmarks' peers that are
+    not BentoML services), started and stopped like a BentoML server."""
+
+    def __init__(self, log: Path, script: Path, *args: str, **env: str) -> None:
+        self._start(log, [sys.executable, str(script), *args], ROOT, env)

@@ -3,17 +3,14 @@ same decoding (train/pil_transform.py, one decode per core at a time), the same 
 the same ONNX Runtime session settings as the service, and nothing else: no BentoML, no middleware, no limits,
 no metrics, no access log. Used by bench/serve_throughput.py as the side `peer_floor`.
 
-    python bench/peer/floor.py MODEL_DIR PORT [cpu|cuda]
+    python bench/peer/floor.py MODEL_DIR cpu|cuda PORT
 
 POST /classify takes the JPEG as the body and answers {"index": top-1}; GET /readyz answers 200 once loaded.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -26,7 +23,7 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from export.manifest import read_manifest_unchecked  # noqa: E402
-from harness.server import BentoServer, free_port  # noqa: E402
+from harness.server import ScriptServer  # noqa: E402
 from serve.batching import ModelBatcher  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
@@ -67,27 +64,13 @@ def app(folder: Path, device: str) -> Starlette:
     )
 
 
-class FloorServer(BentoServer):
+def floor_server(log: Path, folder: Path, device: str) -> ScriptServer:
     """The floor started as a process, with the interface the benchmarks use for BentoML servers."""
-
-    def __init__(self, log: Path, folder: Path, device: str) -> None:  # sets BentoServer's own fields
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, str(folder), str(self.port), device],
-            cwd=ROOT,
-            env=os.environ.copy(),
-            stdout=open(log, "w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return ScriptServer(log, Path(__file__), str(folder), device)
 
 
 if __name__ == "__main__":
     import uvicorn
 
-    folder, port = Path(sys.argv[1]), int(sys.argv[2])
-    device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
+    folder, device, port = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     uvicorn.run(app(folder, device), host="127.0.0.1", port=port, log_level="warning", access_log=False)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from harness.server import BentoServer, free_port  # noqa: E402
+from harness.server import ScriptServer  # noqa: E402
 
 # fastapi 0.165 accepts the project's starlette 1.x; the rest LitServe needs is in the project's environment
 PACKAGES = ("litserve==0.2.19", "fastapi==0.165.0", "annotated-doc", "typing-inspection")
@@ -31,21 +30,8 @@ def install_litserve() -> Path:
     return TARGET
 
 
-class LitServeServer(BentoServer):
+def litserve_server(log: Path, folder: Path, device: str) -> ScriptServer:
     """The LitServe peer started as a process, with the interface the benchmarks use for BentoML servers."""
-
-    def __init__(self, log: Path, folder: Path, device: str) -> None:  # sets BentoServer's own fields
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        env = {**os.environ, "PEER_MODEL_DIR": str(folder), "PEER_DEVICE": device}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(install_litserve()), env.get("PYTHONPATH")]))
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "peer" / "litserve_app.py"), str(self.port)],
-            cwd=ROOT,
-            env=env,
-            stdout=open(log, "w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    pythonpath = os.pathsep.join(filter(None, [str(install_litserve()), os.environ.get("PYTHONPATH")]))
+    app = ROOT / "bench" / "peer" / "litserve_app.py"
+    return ScriptServer(log, app, PEER_MODEL_DIR=str(folder), PEER_DEVICE=device, PYTHONPATH=pythonpath)
