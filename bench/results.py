@@ -39,6 +39,15 @@ def median_of_rounds(rounds: list[Any]) -> Any:
     return first if all(r == first for r in rounds) else list(rounds)
 
 
+def side_order(sides: list[str], round_: int) -> list[str]:
+    """The order in which round `round_` measures `sides`: rotated by one each round and reversed every other
+    round, so that no side always follows the same one (in a plain rotation, the side measured right after
+    LitServe read low in every round, on the digits model)."""
+    shift = round_ % len(sides)
+    rotated = sides[shift:] + sides[:shift]
+    return rotated[::-1] if round_ % 2 else rotated
+
+
 def median_with_interval(values: list[float], level: float = 0.9, resamples: int = 2000) -> tuple[float, float, float]:
     """The median of `values` and a bootstrap interval around it (percentiles of the medians of `resamples`
     resamples drawn with replacement; a fixed seed, so a result file is reproducible from its rounds)."""

@@ -24,9 +24,10 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
   (HANDOFF_WORKERS; each worker's model then runs on one thread).
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
-round); figures are medians over rounds, and each side at c=64 is also divided by its own round's limit, round by
-round (paired, so drift between rounds cancels). Load: JPEG uploads at concurrency 1, 16 and 64 for --seconds each,
-by bench/load.py (wrk when installed, else httpx), with the client's and the server's CPU per image.
+round and reverses every other round: bench/results.side_order); figures are medians over rounds, and each side
+at c=64 is also divided by its own round's limit, round by round (paired, so drift between rounds cancels).
+Load: JPEG uploads at concurrency 1, 16 and 64 for --seconds each, by bench/load.py (wrk when installed, else
+httpx), with the client's and the server's CPU per image.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import Upload, load_levels, uploads, wrk_available  # noqa: E402
 from bench.peer.floor import floor_server  # noqa: E402
 from bench.peer.litserve_peer import litserve_server  # noqa: E402
-from bench.results import median_of_rounds, write_result  # noqa: E402
+from bench.results import median_of_rounds, side_order, write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from export.manifest import read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -156,7 +157,7 @@ def main() -> int:
     rounds: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
         this_round = {"limit": limit_round(model, jpegs, args.seconds)}
-        order = args.sides[round_ % len(args.sides) :] + args.sides[: round_ % len(args.sides)]
+        order = side_order(args.sides, round_)
         for name in order:
             this_round[name] = measure_service(name, folder, args.device, work / f"{name}{round_}.log", jpegs, args)
         rounds.append(this_round)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.peer.floor import floor_server  # noqa: E402
-from bench.results import median_of_rounds, write_result  # noqa: E402
+from bench.results import median_of_rounds, side_order, write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
@@ -67,7 +67,7 @@ def main() -> int:
     rounds: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
         this_round: dict[str, Any] = {"limit": limit_round(model, jpegs, args.seconds)}
-        for side in sides[round_ % len(sides) :] + sides[: round_ % len(sides)]:
+        for side in side_order(sides, round_):
             this_round[side] = measure(side, folder, jpegs, args, work / f"{side}{round_}.log")
         rounds.append(this_round)
         print(f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.1f} images/s")

@@ -8,6 +8,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ is scripts, not an installed package
 from bench.load import RAMP_S, steady_rate  # noqa: E402
+from bench.results import side_order  # noqa: E402
 
 BATCH, PERIOD, SPACING = 32, 0.68, 0.0013  # a batch of 32 answered every 0.68 s, one answer per 1.3 ms
 TRUE_RATE = BATCH / PERIOD
@@ -38,3 +39,17 @@ def test_answers_in_the_ramp_do_not_count():
 def test_no_rate_without_two_answers_after_the_ramp():
     assert steady_rate([], started=0.0) == 0.0
     assert steady_rate([0.1, 0.2, RAMP_S + 1], started=0.0) == 0.0
+
+
+def test_no_side_always_follows_the_same_one():
+    """bench/results.side_order: each round measures every side once, and over rounds each side follows
+    more than one other (a plain rotation kept one predecessor for each, and an order effect with it)."""
+    sides = ["peer_floor", "peer_litserve", "ours", "ours_raw_body"]
+    predecessors: dict[str, set[str]] = {side: set() for side in sides}
+    for round_ in range(4):
+        order = side_order(sides, round_)
+        assert sorted(order) == sorted(sides)
+        for before, after in zip(order, order[1:]):
+            predecessors[after].add(before)
+    assert all(len(names) >= 2 for names in predecessors.values()), predecessors
+
