@@ -52,4 +52,3 @@ def test_no_side_always_follows_the_same_one():
         for before, after in zip(order, order[1:]):
             predecessors[after].add(before)
     assert all(len(names) >= 2 for names in predecessors.values()), predecessors
-
