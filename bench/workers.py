@@ -34,15 +34,21 @@ from bench.workload import make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 
-def start(side: str, folder: Path, device: str, log: Path) -> BentoServer:
+def start(side: str, folder: Path, args: Any, log: Path) -> BentoServer:
     if side == "peer_floor":
-        return floor_server(log, folder, device)
+        return floor_server(log, folder, args.device)
     workers = side.removeprefix("ours_").removesuffix("_workers")
-    return BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device, HANDOFF_WORKERS=workers)
+    return BentoServer(
+        log,
+        HANDOFF_MODEL_DIR=str(folder),
+        HANDOFF_DEVICE=args.device,
+        HANDOFF_WORKERS=workers,
+        HANDOFF_PRECISION=args.precision,
+    )
 
 
 def measure(side: str, folder: Path, jpegs: list[bytes], args: Any, log: Path) -> dict[str, Any]:
-    with start(side, folder, args.device, log) as server:
+    with start(side, folder, args, log) as server:
         server.wait_ready()
         levels = tuple(args.concurrency)
         return load_levels(args.client, server.url, server.proc.pid, uploads(jpegs, "raw"), levels, args.seconds)
@@ -57,13 +63,20 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
     p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 (default)")
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "int8"),
+        default="fp32",
+        help="int8: serve and time the export's model.int8.onnx (an --export made with --int8); no floor peer then",
+    )
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="workers-bench-"))
     folder = args.export.resolve() if args.export else make_model(work)
     jpegs = make_jpegs()
-    model = InProcessModel(folder, args.device)
-    sides = [f"ours_{n}_workers" for n in args.workers] + ["peer_floor"]
+    model = InProcessModel(folder, args.device, "model.int8.onnx" if args.precision == "int8" else "model.onnx")
+    floor = ["peer_floor"] if args.precision == "fp32" else []  # the floor serves model.onnx only
+    sides = [f"ours_{n}_workers" for n in args.workers] + floor
     rounds: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
         this_round: dict[str, Any] = {"limit": limit_round(model, jpegs, args.seconds)}
@@ -86,9 +99,10 @@ def main() -> int:
             print(f"{side:<15} c={c:<4} {line}")
             figures[f"{side} c={c}"] = line
     write_result(
-        f"workers_{args.device}",
+        f"workers_{args.device}" + ("_int8" if args.precision == "int8" else ""),
         {
             "device": args.device,
+            "precision": args.precision,
             "client": args.client,
             "rounds": args.rounds,
             "figures": figures,
