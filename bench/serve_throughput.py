@@ -69,6 +69,7 @@ SERVICES = (
     "ours_per_core",
 )
 OURS = ("ours", "ours_raw_body", "ours_oip_image", "ours_oip_tensor", "ours_with_spans", "ours_per_core")
+PEER_SIDES = tuple(name for name in SERVICES if name not in OURS)
 # What each side sends for an image (bench/load.py's forms); the others send the multipart form.
 FORM = {
     "peer_floor": "raw",
@@ -102,9 +103,9 @@ def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
         spans = {"BENTOML_CONFIG_OPTIONS": SPANS_KEPT} if name == "ours_with_spans" else {}
         return BentoServer(
             log,
-            None,
-            ROOT,
-            None,
+            target=None,
+            cwd=ROOT,
+            bentoml=None,
             HANDOFF_MODEL_DIR=str(folder),
             HANDOFF_DEVICE=device,
             HANDOFF_WORKERS=str(workers),
@@ -184,7 +185,7 @@ def main() -> int:
             )
             ratios[f"{name}_over_limit_c{c}"] = r["images_per_s"] / limit["images_per_s"]
         for ours in (n for n in OURS if n in args.sides):
-            for peer in (p for p in (*PEERS, "peer_floor", "peer_litserve") if p in args.sides):
+            for peer in (p for p in PEER_SIDES if p in args.sides):
                 ratios[f"{ours}_over_{peer}_c{c}"] = median[ours][c]["images_per_s"] / median[peer][c]["images_per_s"]
     # the protocol's goal: as fast as raw-body /classify; and the span middleware's cost
     for name in ("ours_oip_image", "ours_oip_tensor", "ours_with_spans"):

@@ -35,15 +35,13 @@ class _NoSpan:
         await self.app(scope, receive, send)
 
 
-def skip_unexported_spans() -> bool:
-    """Leave OpenTelemetry's middleware out of the app BentoML builds, unless tracing is configured.
-    Returns whether it was left out."""
+def skip_unexported_spans() -> None:
+    """Leave OpenTelemetry's middleware out of the app BentoML builds, unless tracing is configured."""
     from bentoml._internal.configuration.containers import BentoMLContainer
     from opentelemetry.instrumentation import asgi
 
     tracing = BentoMLContainer.config.tracing
     if tracing_configured(tracing.exporter_type.get(), tracing.sample_rate.get()):
-        return False
+        return
     asgi.OpenTelemetryMiddleware = _NoSpan  # type: ignore[misc, assignment]  # BentoML imports it when building
     log.debug("tracing is not configured: no per-request span")
-    return True
