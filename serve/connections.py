@@ -13,6 +13,12 @@ At the cap, a new connection sheds the oldest one that has no request in progres
 its headers), so a probe that connects afresh is answered even while thousands of idle sockets are open; only
 when every connection is busy with a request is the new one closed. Each shed is counted and logged, at most
 one line every few seconds.
+
+Closing an idle connection races with the client's next request on it; `_close_if_quiet` keeps that race to
+microseconds. uvloop runs due timers before it reads the sockets, and its transport closes the socket only on a
+later turn of the event loop, so under load a request could arrive, or be sent, well after the server had
+decided to close: the kernel then resets the connection and the client sees "connection reset" on a request
+it sent in time (1 in ~4,000 under the soak's load; 1 in ~40 requests sent at the keep-alive deadline).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncio
 import collections
 import logging
 import resource
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +52,30 @@ class ConnectionLimits:
         if soft == resource.RLIM_INFINITY:
             return self.max_connections
         return max(1, min(self.max_connections, soft - DESCRIPTORS_KEPT_FREE))
+
+
+def _close_if_quiet(transport: asyncio.BaseTransport) -> bool:
+    """Close a connection unless the client has already sent more (bytes this process has not read yet).
+    Its end-of-stream goes out now, not on the event loop's next turn, so that the client sees it before it
+    sends another request."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:  # uvloop hands out a stand-in socket without recv: use a duplicate of its descriptor
+            with socket.fromfd(sock.fileno(), sock.family, socket.SOCK_STREAM) as duplicate:
+                if _unread(duplicate):
+                    return False  # data_received reads it next
+                duplicate.shutdown(socket.SHUT_WR)
+        except OSError:  # the socket is already gone
+            pass
+    transport.close()
+    return True
+
+
+def _unread(sock: socket.socket) -> bool:
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return False
 
 
 class _Shedding:
@@ -85,7 +116,7 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
                 transport.close()
                 return
             shedding.open[self] = None
-            self._arm(limits.idle_timeout_s)
+            self._arm(limits.idle_timeout_s, idle=True)
 
         def connection_lost(self, exc: Exception | None) -> None:
             shedding.open.pop(self, None)
@@ -94,7 +125,7 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
 
         def data_received(self, data: bytes) -> None:
             if not self._in_request() and self.deadline is None:
-                self._arm(limits.header_timeout_s)  # the first byte of a request: its headers have this long
+                self._arm(limits.header_timeout_s, idle=False)  # a request's first byte: its headers have this long
             super().data_received(data)
             if self._in_request():
                 self._disarm()
@@ -103,25 +134,32 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
             cycle = getattr(self, "cycle", None)
             return cycle is not None and not cycle.response_complete
 
-        def _arm(self, seconds: float) -> None:
+        def _arm(self, seconds: float, idle: bool) -> None:
             self._disarm()
-            self.deadline = self.loop.call_later(seconds, self._expire)
+            self.deadline = self.loop.call_later(seconds, self._expire, idle)
 
         def _disarm(self) -> None:
             if self.deadline is not None:
                 self.deadline.cancel()
                 self.deadline = None
 
-        def _expire(self) -> None:
+        def _expire(self, idle: bool) -> None:
             self.deadline = None
-            if not self._in_request():
-                self.transport.close()
+            if self._in_request():
+                return
+            if idle:
+                _close_if_quiet(self.transport)  # a first byte in time: data_received arms the header deadline
+            else:
+                self.transport.close()  # headers past their deadline, however many bytes are still coming
+
+        def timeout_keep_alive_handler(self) -> None:  # uvicorn's, for a kept-alive connection
+            if not self.transport.is_closing():
+                _close_if_quiet(self.transport)
 
         def _shed_oldest_idle(self) -> bool:
             for connection in shedding.open:
-                if not connection._in_request():
+                if not connection._in_request() and _close_if_quiet(connection.transport):
                     shedding.open.pop(connection)
-                    connection.transport.close()
                     shedding.shed += 1
                     shedding.report(cap)
                     return True
