@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bench.checks import assert_provider
-from export.manifest import read_manifest_unchecked
+from export.manifest import fast_decode_passed, read_manifest_unchecked
 from serve.config import usable_cores
 from serve.runtime import onnx_providers, onnx_session_options
 from train.pil_transform import Preprocessor
@@ -35,13 +35,15 @@ BATCH_SIZES = (1, 4, 8, 16, 32)
 
 
 class InProcessModel:
-    """One export folder's model and preprocessing, loaded the way the service loads them."""
+    """One export folder's model and preprocessing, loaded the way the service loads them (the fast JPEG decode
+    too, where the export's check passed, as with the service's default HANDOFF_DECODE=auto)."""
 
     def __init__(self, folder: Path, device: str, model_file: str = "model.onnx") -> None:
         import onnxruntime as ort
 
         manifest = read_manifest_unchecked(folder)
         self.pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
+        self.fast_decode = fast_decode_passed(manifest)
         self.session = ort.InferenceSession(
             str(folder / model_file), onnx_session_options(), providers=onnx_providers(device)
         )
@@ -56,7 +58,7 @@ class InProcessModel:
         ]
 
     def prepare(self, jpeg: bytes) -> np.ndarray:
-        return self.pre(self.pre.decode(jpeg))
+        return self.pre(self.pre.decode(jpeg, fast=self.fast_decode))
 
     def run(self, batch: np.ndarray) -> None:
         self.session.run(None, {"input": batch})

@@ -16,11 +16,32 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TABLE = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
 
 
+def cpu_model() -> str:
+    """The CPU's name and its widest vector instructions, which decide INT8's and the model's speed: the same
+    2-core machine has been an Intel CPU with AVX-512 VNNI and an AMD EPYC with AVX2 only, twice as slow."""
+    name, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    for flag, label in (("avx512_vnni", "AVX-512 VNNI"), ("avx512f", "AVX-512"), ("avx2", "AVX2")):
+        if flag in flags:
+            return f"{name}, {label}"
+    return name
+
+
 def machine() -> dict[str, Any]:
     import torch
 
     return {
         "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": str(torch.__version__),
@@ -87,7 +108,8 @@ def render() -> str:
         lines += [
             f"## {result['benchmark']}",
             "",
-            f"`{result['command']}` on {m['cpus']} CPUs ({m['platform']}), Python {m['python']}, torch {m['torch']}"
+            f"`{result['command']}` on {m['cpus']} CPUs ({m.get('cpu', 'CPU not recorded')}; {m['platform']}), "
+            f"Python {m['python']}, torch {m['torch']}"
             + (f", GPU {m['cuda']}" if m.get("cuda") else "")
             + f"; {result['when']}",
             "",

@@ -143,6 +143,16 @@ def read_manifest(folder: Path, expected_sha256: str | None = None) -> dict[str,
     return manifest
 
 
+def fast_decode_checked(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The export's check of the fast JPEG decode (export/decode_check.py), or None for an export without one."""
+    return (manifest.get("decode") or {}).get("fast")
+
+
+def fast_decode_passed(manifest: dict[str, Any]) -> bool:
+    """Whether that check passed: the service then decodes large JPEGs the fast way unless HANDOFF_DECODE=exact."""
+    return (fast_decode_checked(manifest) or {}).get("passed") is True
+
+
 def is_export_folder(folder: Path) -> bool:
     """Whether `folder` holds a handoff manifest (passed or failed): the only kind of folder export replaces."""
     try:

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
-from export.manifest import ManifestError, read_manifest
+from export.manifest import ManifestError, fast_decode_checked, fast_decode_passed, read_manifest
 from export.signature import TASK_IMAGE_CLASSIFICATION, read_signature, read_task
 from serve.auth import PROBES, ApiKeyGate
 from serve.batching import ModelBatcher, Rows
@@ -131,8 +131,7 @@ class HandoffClassifier:
         if self.task != TASK_IMAGE_CLASSIFICATION:
             return  # any model: no warm-up, since the values a dynamic dimension takes are not known in advance
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
-        checked = (self.manifest.get("decode") or {}).get("fast") or {}
-        self.fast_decode = CONFIG.decode == "auto" and checked.get("passed") is True
+        self.fast_decode = CONFIG.decode == "auto" and fast_decode_passed(self.manifest)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
         self.classes = self.manifest["classes"]
         for size in CONFIG.batch_buckets():  # so the first real request is not the slow one
@@ -293,8 +292,7 @@ class HandoffClassifier:
         model: dict[str, Any] = {"arch": m["arch"], "task": self.task, "signature": self.signature.to_dict()}
         if self.task == TASK_IMAGE_CLASSIFICATION:
             model |= {k: m[k] for k in ("num_classes", "classes", "input", "preprocess")}
-            fast = (m.get("decode") or {}).get("fast")
-            model["decode"] = {"setting": CONFIG.decode, "fast_jpeg": self.fast_decode, "check": fast}
+            model["decode"] = {"setting": CONFIG.decode, "fast_jpeg": self.fast_decode, "check": fast_decode_checked(m)}
         else:
             model["dynamic"] = m.get("dynamic", {})
         model |= {

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from export.manifest import read_manifest_unchecked  # noqa: E402
+from export.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
 from harness.server import ScriptServer  # noqa: E402
 from serve.batching import ModelBatcher  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
@@ -34,7 +34,9 @@ def app(folder: Path, device: str) -> Starlette:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device))
-    pre = Preprocessor.from_manifest(read_manifest_unchecked(folder)["preprocess"], max_pixels=10**8)
+    manifest = read_manifest_unchecked(folder)
+    pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
+    fast = fast_decode_passed(manifest)  # decoding as the service does by default
     decoders = anyio.CapacityLimiter(usable_cores())
     state: dict[str, ModelBatcher] = {}
 
@@ -43,7 +45,7 @@ def app(folder: Path, device: str) -> Starlette:
 
     async def classify(request: Request) -> JSONResponse:
         body = await request.body()
-        row = await anyio.to_thread.run_sync(lambda: pre(pre.decode(body)), limiter=decoders)
+        row = await anyio.to_thread.run_sync(lambda: pre(pre.decode(body, fast=fast)), limiter=decoders)
         if "batcher" not in state:  # on the server's loop, at the first request
             state["batcher"] = ModelBatcher(run, 32, 10_000)
         logits = await state["batcher"](row[None])

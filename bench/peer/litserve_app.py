@@ -22,7 +22,7 @@ import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from export.manifest import read_manifest_unchecked  # noqa: E402
+from export.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
 from train.pil_transform import Preprocessor  # noqa: E402
 
@@ -36,10 +36,12 @@ class ClassifierAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
         options, providers = onnx_session_options(), onnx_providers(DEVICE)
         self.session = ort.InferenceSession(str(FOLDER / "model.onnx"), options, providers=providers)
-        self.preprocess = Preprocessor.from_manifest(read_manifest_unchecked(FOLDER)["preprocess"], max_pixels=10**8)
+        manifest = read_manifest_unchecked(FOLDER)
+        self.preprocess = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
+        self.fast_decode = fast_decode_passed(manifest)  # decoding as the service does by default
 
     def decode_request(self, request):  # unannotated: LitServe then hands it the parsed form
-        return self.preprocess(self.preprocess.decode(request["image"].file.read()))
+        return self.preprocess(self.preprocess.decode(request["image"].file.read(), fast=self.fast_decode))
 
     def batch(self, rows: list[np.ndarray]) -> np.ndarray:
         return np.stack(rows)
