@@ -25,7 +25,7 @@ from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
 from bench.serve_throughput import CONCURRENCY  # noqa: E402
-from bench.workload import make_jpegs, make_model, write_jpegs  # noqa: E402
+from bench.workload import make_int8_model, make_jpegs  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
@@ -55,8 +55,7 @@ def main() -> int:
     p.add_argument("--results-dir", type=Path, default=None)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="int8-bench-"))
-    samples = write_jpegs(work / "samples", 128)
-    folder = make_model(work, "--int8", "--samples", str(samples), "--max-accuracy-drop", "100")
+    folder = make_int8_model(work)
     jpegs = make_jpegs()
     models = {
         p: InProcessModel(folder, "cpu", name) for p, name in (("fp32", "model.onnx"), ("int8", "model.int8.onnx"))

@@ -1,9 +1,12 @@
 """Phone-size photos: 12-megapixel JPEGs served with the exact decode and with the fast (draft) one, side by side.
 
-    python bench/phone_photos.py [--rounds 3] [--seconds 8]
+    python bench/phone_photos.py [--rounds 3] [--seconds 8] [--precision fp32|int8] [--export FOLDER]
 
 Model: resnet18 at 224 px (resize 256), exported by `python -m export`, whose decode check decides whether
-the fast path may be used. Images: scikit-learn's sample photos scaled to 4032 x 3024 (a 12-megapixel phone
+the fast path may be used; with --precision int8, exported with --int8 (calibrated on 128 JPEG views of
+scikit-learn's photos) and served INT8 on both sides, where the model costs less and the decode decides more
+of the ratio; with --export, that export (e.g. `make demo`'s digits model at 32 px, where the decode is nearly
+the whole cost). Images: scikit-learn's sample photos scaled to 4032 x 3024 (a 12-megapixel phone
 photo's size) and cut into varied views of that size, as JPEG (quality 90, ~2-3 MB each). Sides, one server at
 a time, alternating each round: HANDOFF_DECODE=exact and HANDOFF_DECODE=auto, both sent the JPEG as the body
 at c=1 and c=64 (bench/load.py). Reported: images/s and p50 (medians of rounds), server CPU per image, the ratio
@@ -27,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
-from bench.workload import make_model  # noqa: E402
-from export.manifest import read_manifest  # noqa: E402
+from bench.workload import make_int8_model, make_model  # noqa: E402
+from export.manifest import fast_decode_checked, read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 SIZE = (4032, 3024)
@@ -57,18 +60,26 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
+    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="the model both sides serve")
+    p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 at 224 px")
     p.add_argument("--results-dir", type=Path, default=None)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="phone-photos-"))
-    folder = make_model(work)
-    check = (read_manifest(folder).get("decode") or {}).get("fast") or {}
+    if args.export:
+        folder = args.export.resolve()
+    else:
+        folder = make_int8_model(work) if args.precision == "int8" else make_model(work)
+    manifest = read_manifest(folder)
+    crop = manifest["preprocess"]["crop"]
+    check = fast_decode_checked(manifest) or {}
     requests = uploads(phone_photos(), "raw")
     rounds = []
     for round_ in range(args.rounds):
         figures = {}
         for decode in ("exact", "auto") if round_ % 2 == 0 else ("auto", "exact"):
             log = work / f"{decode}{round_}.log"
-            with BentoServer(log, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DECODE=decode) as server:
+            env = {"HANDOFF_MODEL_DIR": str(folder), "HANDOFF_DECODE": decode, "HANDOFF_PRECISION": args.precision}
+            with BentoServer(log, **env) as server:
                 server.wait_ready()
                 figures[decode] = load_levels(
                     args.client, server.url, server.proc.pid, requests, CONCURRENCY, args.seconds
@@ -83,23 +94,24 @@ def main() -> int:
                 f"{decode:<6} c={c:<3} {r['images_per_s']:6.2f} images/s  p50 {r['p50_ms']:8.1f} ms  "
                 f"server CPU {r['server_cpu_ms_per_image']:6.1f} ms/image"
             )
-    speedup = median["auto"]["64"]["images_per_s"] / median["exact"]["64"]["images_per_s"]
     by_round = [r["auto"]["64"]["images_per_s"] / r["exact"]["64"]["images_per_s"] for r in rounds]
+    speedup = statistics.median(by_round)  # paired: each round's two sides ran back to back
     agreement = check.get("top1_agreement")
-    print(f"auto / exact at c=64: {speedup:.2f} x (rounds: {', '.join(f'{x:.2f}' for x in by_round)})")
+    print(f"auto / exact at c=64: {speedup:.2f} x, median of rounds ({', '.join(f'{x:.2f}' for x in by_round)})")
     print(f"decode check at export: {check}")
     met = speedup >= 5 and agreement is not None and agreement >= 0.995
     print(f"goal: {GOAL}: {'met' if met else 'NOT met'}")
     write_result(
-        "phone_photos_cpu",
+        "phone_photos_cpu" + ("" if crop == 224 else f"_{crop}px") + ("_int8" if args.precision == "int8" else ""),
         folder=args.results_dir,
         figures={
+            "model": f"{manifest['arch']} at {crop} px",
+            "precision": args.precision,
             "rounds": args.rounds,
             "photo_size": list(SIZE),
             "services": median,
             "ratios": {"auto_over_exact_c64": speedup},
             "auto_over_exact_c64_by_round": by_round,
-            "median_of_rounds": statistics.median(by_round),
             "decode_check": check,
             "seconds": {f"{d}_p50_c1": median[d]["1"]["p50_ms"] / 1000 for d in ("exact", "auto")},
             "goal": GOAL,

@@ -1,12 +1,14 @@
 """Where a served image's CPU goes, thread by thread: our server under load against the limit in process.
 
-    python bench/server_threads.py [--seconds 10] [--concurrency 64] [--export DIR]
+    python bench/server_threads.py [--seconds 10] [--concurrency 64] [--export DIR] [--phone-photos]
 
 Each thread's CPU time is read (psutil, from /proc/PID/task on Linux) before and after:
 - the server: the BentoML worker process of `bentoml serve` (serve/service.py), under wrk (else httpx) load of
   raw JPEG bodies at --concurrency; its main thread is the event loop (HTTP, BentoML's middlewares, our
   handler); the others decode images and run the model (ONNX Runtime's threads have no Python name);
 - the limit: bench/limit.py's overlapped arrangement at batch 32 over the same JPEGs, in this process.
+The JPEGs are 400x300 views of real photos, or with --phone-photos bench/phone_photos.py's 12-megapixel ones
+(served with the fast decode where the export's check passed, as by default).
 Reported in ms of CPU per image, thread by thread, busiest first. One run, not a median: a breakdown to read
 beside bench/serve_throughput.py's ratios, not a ratio of its own.
 """
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel  # noqa: E402
 from bench.load import load, uploads, wrk_available  # noqa: E402
+from bench.phone_photos import phone_photos  # noqa: E402
 from bench.results import write_result  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -45,10 +48,10 @@ def per_image_ms(before: dict[int, float], after: dict[int, float], images: floa
     return {f"{rank}. {names.get(tid, 'thread')}": round(1000 * s / images, 2) for rank, (tid, s) in enumerate(rows, 1)}
 
 
-def server_side(folder: Path, client: str, concurrency: int, seconds: float, log: Path) -> dict:
+def server_side(folder: Path, jpegs: list[bytes], client: str, concurrency: int, seconds: float, log: Path) -> dict:
     with BentoServer(log, HANDOFF_MODEL_DIR=str(folder)) as server:
         server.wait_ready()
-        requests = uploads(make_jpegs(), "raw")
+        requests = uploads(jpegs, "raw")
         load(client, server.url, server.proc.pid, requests, concurrency, 2)  # warm-up
         workers = [
             p for p in psutil.Process(server.proc.pid).children(recursive=True) if "worker" in " ".join(p.cmdline())
@@ -63,9 +66,8 @@ def server_side(folder: Path, client: str, concurrency: int, seconds: float, log
     }
 
 
-def limit_side(folder: Path, batches: int = 10) -> dict:
+def limit_side(folder: Path, jpegs: list[bytes], batches: int = 10) -> dict:
     model = InProcessModel(folder, "cpu")
-    jpegs = make_jpegs()
     work = [[jpegs[(i * 32 + j) % len(jpegs)] for j in range(32)] for i in range(batches)]
     model.overlapped(work[:1])  # warm
     before, started = thread_cpu(os.getpid()), time.perf_counter()
@@ -81,13 +83,15 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 (default)")
+    p.add_argument("--phone-photos", action="store_true", help="send 12-megapixel JPEGs instead of 400x300 views")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="threads-bench-"))
     folder = args.export or make_model(work)
     client = "wrk" if wrk_available() else "httpx"
+    jpegs = phone_photos() if args.phone_photos else make_jpegs()
     sides = {
-        "server": server_side(folder, client, args.concurrency, args.seconds, work / "serve.log"),
-        "limit": limit_side(folder),
+        "server": server_side(folder, jpegs, client, args.concurrency, args.seconds, work / "serve.log"),
+        "limit": limit_side(folder, jpegs),
     }
     for name, side in sides.items():
         total = sum(side["threads"].values())
@@ -95,7 +99,7 @@ def main() -> int:
         for thread, ms in side["threads"].items():
             print(f"  {thread:<32} {ms:6.2f} ms/image")
     write_result(
-        "server_threads_cpu",
+        "server_threads_cpu" + ("_phone_photos" if args.phone_photos else ""),
         {
             "device": "cpu",
             "client": client,

@@ -41,6 +41,12 @@ def make_model(folder: Path, *export_flags: str) -> Path:
     return out
 
 
+def make_int8_model(folder: Path) -> Path:
+    """make_model with --int8, calibrated and checked on 128 views of real photos (random weights: any drop)."""
+    samples = write_jpegs(folder / "samples", 128)
+    return make_model(folder, "--int8", "--samples", str(samples), "--max-accuracy-drop", "100")
+
+
 def make_jpegs(count: int = 32) -> list[bytes]:
     """Real photos (scikit-learn's samples), cut into varied 400x300 views, as JPEG bytes."""
     from sklearn.datasets import load_sample_images
