@@ -106,7 +106,7 @@ def render() -> str:
         result = json.loads(path.read_text())
         m = result["machine"]
         lines += [
-            f"## {result['benchmark']}",
+            f"## {path.stem}",  # the file's name: one benchmark may be stored for several workloads
             "",
             f"`{result['command']}` on {m['cpus']} CPUs ({m.get('cpu', 'CPU not recorded')}; {m['platform']}), "
             f"Python {m['python']}, torch {m['torch']}"
