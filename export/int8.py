@@ -162,12 +162,16 @@ def quantize(
         quant_pre_process(str(fp32_onnx), str(prepared), skip_symbolic_shape=True)
         reader = _Reader(sets.calibration, "input")
         # U8S8 (unsigned activations, signed per-channel weights): the pairing ONNX Runtime recommends on x86-64.
+        # Weights in 7 bits (reduce_range): on x86-64 CPUs without VNNI, ONNX Runtime's U8S8 kernels add pairs of
+        # products in 16 bits, which saturate with 8-bit weights; measured on an AVX2-only EPYC, the digits model
+        # lost 3.3 points of top-1 with 8-bit weights. The export may be served on such a CPU whatever built it.
         quantize_static(
             str(prepared),
             str(int8_onnx),
             reader,
             quant_format=QuantFormat.QDQ,
             per_channel=True,
+            reduce_range=True,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
         )
