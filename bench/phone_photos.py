@@ -7,7 +7,7 @@ the fast path may be used; with --precision int8, exported with --int8 (calibrat
 scikit-learn's photos) and served INT8 on both sides, where the model costs less and the decode decides more
 of the ratio; with --export, that export (e.g. `make demo`'s digits model at 32 px, where the decode is nearly
 the whole cost). Images: scikit-learn's sample photos scaled to 4032 x 3024 (a 12-megapixel phone
-photo's size) and cut into varied views of that size, as JPEG (quality 90, ~2-3 MB each). Sides, one server at
+photo's size) and cut into varied views of that size, as JPEG (quality 90, 0.7-1.4 MB each). Sides, one server at
 a time, alternating each round: HANDOFF_DECODE=exact and HANDOFF_DECODE=auto, both sent the JPEG as the body
 at c=1 and c=64 (bench/load.py). Reported: images/s and p50 (medians of rounds), server CPU per image, the ratio
 auto / exact at c=64 (goal: at least 5x), and the decode check the export recorded (top-1 agreement, goal at
@@ -17,42 +17,21 @@ least 99.5%).
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
-from bench.workload import make_int8_model, make_model  # noqa: E402
+from bench.workload import PHONE_PHOTO_SIZE, make_int8_model, make_model, phone_photos  # noqa: E402
 from export.manifest import fast_decode_checked, read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
-SIZE = (4032, 3024)
 CONCURRENCY = (1, 64)
 GOAL = "12-megapixel JPEGs at c=64: auto (fast decode) >= 5 x exact per image; top-1 agreement >= 99.5%"
-
-
-def phone_photos(count: int = 6) -> list[bytes]:
-    from sklearn.datasets import load_sample_images
-
-    rng = np.random.default_rng(0)
-    out = []
-    for i in range(count):
-        photo = Image.fromarray(load_sample_images().images[i % 2])
-        scale = 1.3 + 0.2 * rng.random()  # a little larger than 12 MP, then a 12 MP view of it
-        big = photo.resize((int(SIZE[0] * scale), int(SIZE[1] * scale)), Image.Resampling.BICUBIC)
-        left, top = int(rng.integers(0, big.width - SIZE[0])), int(rng.integers(0, big.height - SIZE[1]))
-        buffer = io.BytesIO()
-        big.crop((left, top, left + SIZE[0], top + SIZE[1])).save(buffer, "JPEG", quality=90)
-        out.append(buffer.getvalue())
-    return out
 
 
 def main() -> int:
@@ -108,7 +87,7 @@ def main() -> int:
             "model": f"{manifest['arch']} at {crop} px",
             "precision": args.precision,
             "rounds": args.rounds,
-            "photo_size": list(SIZE),
+            "photo_size": list(PHONE_PHOTO_SIZE),
             "services": median,
             "ratios": {"auto_over_exact_c64": speedup},
             "auto_over_exact_c64_by_round": by_round,

@@ -7,7 +7,7 @@ Each thread's CPU time is read (psutil, from /proc/PID/task on Linux) before and
   raw JPEG bodies at --concurrency; its main thread is the event loop (HTTP, BentoML's middlewares, our
   handler); the others decode images and run the model (ONNX Runtime's threads have no Python name);
 - the limit: bench/limit.py's overlapped arrangement at batch 32 over the same JPEGs, in this process.
-The JPEGs are 400x300 views of real photos, or with --phone-photos bench/phone_photos.py's 12-megapixel ones
+The JPEGs are 400x300 views of real photos, or with --phone-photos 12-megapixel ones (bench/workload.phone_photos)
 (served with the fast decode where the export's check passed, as by default).
 Reported in ms of CPU per image, thread by thread, busiest first. One run, not a median: a breakdown to read
 beside bench/serve_throughput.py's ratios, not a ratio of its own.
@@ -29,9 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel  # noqa: E402
 from bench.load import load, uploads, wrk_available  # noqa: E402
-from bench.phone_photos import phone_photos  # noqa: E402
 from bench.results import write_result  # noqa: E402
-from bench.workload import make_jpegs, make_model  # noqa: E402
+from bench.workload import make_jpegs, make_model, phone_photos  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 

@@ -63,6 +63,28 @@ def make_jpegs(count: int = 32) -> list[bytes]:
     return out
 
 
+PHONE_PHOTO_SIZE = (4032, 3024)  # a 12-megapixel phone photo
+
+
+def phone_photos(count: int = 6) -> list[bytes]:
+    """Real photos (scikit-learn's samples) scaled up past 12 megapixels and cut into varied 4032 x 3024 views,
+    as JPEG bytes (quality 90, 0.7-1.4 MB each)."""
+    from sklearn.datasets import load_sample_images
+
+    rng = np.random.default_rng(0)
+    photos = [Image.fromarray(img) for img in load_sample_images().images]
+    width, height = PHONE_PHOTO_SIZE
+    out = []
+    for i in range(count):
+        scale = 1.3 + 0.2 * rng.random()
+        big = photos[i % len(photos)].resize((int(width * scale), int(height * scale)), Image.Resampling.BICUBIC)
+        left, top = int(rng.integers(0, big.width - width)), int(rng.integers(0, big.height - height))
+        buffer = io.BytesIO()
+        big.crop((left, top, left + width, top + height)).save(buffer, "JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out
+
+
 def write_jpegs(folder: Path, count: int) -> Path:
     """`count` JPEG views (make_jpegs) as files in `folder`: calibration and check images for --int8."""
     folder.mkdir(parents=True, exist_ok=True)
