@@ -18,7 +18,7 @@ Closing an idle connection races with the client's next request on it; `_close_i
 microseconds. uvloop runs due timers before it reads the sockets, and its transport closes the socket only on a
 later turn of the event loop, so under load a request could arrive, or be sent, well after the server had
 decided to close: the kernel then resets the connection and the client sees "connection reset" on a request
-it sent in time (1 in ~4,000 under the soak's load; 1 in ~40 requests sent at the keep-alive deadline).
+it sent in time (1 in 1,000 to 10,000 requests of the soak; ~1 in 40 sent at the keep-alive deadline).
 """
 
 from __future__ import annotations
