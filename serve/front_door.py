@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import anyio
+import orjson
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -43,7 +44,10 @@ MULTIPART = "multipart/form-data"
 
 async def send_json(send: Send, status: int, payload: dict[str, Any], close: bool = False) -> None:
     """A JSON response; `close` asks the server to close the connection after it."""
-    body = json.dumps(payload).encode()
+    try:
+        body = orjson.dumps(payload)  # ~10x the standard library's speed on a response of a few numbers
+    except orjson.JSONEncodeError:  # a lone surrogate in a client's text, which orjson refuses: escaped instead
+        body = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if close:
         headers.append((b"connection", b"close"))
