@@ -67,7 +67,7 @@ class ServeConfig:
     max_latency_ms: int = _setting("HANDOFF_MAX_LATENCY_MS", 10_000, _env_int)
     """the batcher's budget: a request it expects to wait longer, or that has waited longer, is refused with 503"""
     timeout_s: int = _setting("HANDOFF_TIMEOUT_S", 60, _env_int)
-    """a request not answered by then gets 504; BentoML keeps each request's context this long (~4 KB)"""
+    """a request whose response has not started by then is cancelled and answered 504 (serve/deadline.py)"""
     max_concurrency: int = _setting("HANDOFF_MAX_CONCURRENCY", 256, _env_int)
     """requests in progress at once; more are answered 429 at once instead of queueing into timeouts"""
     body_timeout_s: int = _setting("HANDOFF_BODY_TIMEOUT_S", 10, _env_int)
