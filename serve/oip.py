@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import numpy as np
 from bentoml.exceptions import BentoMLException
 from starlette.requests import Request
@@ -220,7 +219,7 @@ class ProtocolSurface:
             if _json_size(body, header) <= INLINE_JSON_BYTES:  # a small header: parsed here, no thread hop
                 request = parse_infer_request(body, header)
             else:  # a large JSON body (tensors as text) is parsed off the event loop
-                request = await anyio.to_thread.run_sync(parse_infer_request, body, header, limiter=service.decoders)
+                request = await service.decoders.run(parse_infer_request, body, header)
             outputs = await service.protocol_infer(request)
         except ProtocolError as err:
             return await send_client_error(scope, send, err.status, err)

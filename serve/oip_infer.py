@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 import numpy as np
 
 from serve.oip import IMAGE_INPUT, select_outputs
@@ -41,7 +40,7 @@ async def classifier_infer(service: Any, request: InferRequest, max_rows: int) -
         if len(files.shape) not in (1, 2) or files.shape[1:] not in ((), (1,)) or files.datatype != "BYTES":
             raise ProtocolError(f"input 'image' must be BYTES of shape [N] or [N, 1], got {list(files.shape)}")
         check_rows(len(files.value), max_rows)
-        batch = await anyio.to_thread.run_sync(service.prepare_files, files.value, limiter=service.decoders)
+        batch = await service.decoders.run(service.prepare_files, files.value)
     else:
         # The signature's checks: FP64 and FP16 converted (a value past the model's float range refused), integers
         # refused (a model trained on floats given pixel values 0-255 would answer confidently and wrongly);

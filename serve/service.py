@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import anyio
 import bentoml
 import numpy as np
 from bentoml.exceptions import BentoMLException
@@ -34,10 +33,12 @@ from serve.batching import ModelBatcher, Rows
 from serve.config import ServeConfig
 from serve.connections import ConnectionLimits
 from serve.connections import install as install_connection_limits
+from serve.deadline import replace_bentoml_timeout
+from serve.decode_pool import DecodePool
 from serve.front_door import MULTIPART, BodyRoute, FrontDoor
 from serve.handlers import RequestError, classify_image, form_fields, predict_tensor
 from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
-from serve.logs import install_log_filters
+from serve.logs import install_log_filters, write_access_log_off_the_loop
 from serve.metrics_labels import bound_metric_labels
 from serve.oip import ProtocolSurface, known_paths, open_paths
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
@@ -87,11 +88,12 @@ class HandoffClassifier:
     bento_model = None if CONFIG.model_dir else bentoml.models.BentoModel(f"{CONFIG.model_name}:latest")
 
     def __init__(self) -> None:
+        write_access_log_off_the_loop()  # here, in the server's worker, not in `bentoml build` importing this file
         self.not_ready: str | None = None
         self.batcher: ModelBatcher | None = None
         # Decoding is CPU-bound and a large image takes hundreds of MB while it is decoded: one per core (of this
         # worker's share) at a time bounds both (BentoML's default thread pool would decode 40 at once).
-        self.decoders = anyio.CapacityLimiter(CONFIG.cores_per_worker())
+        self.decoders = DecodePool(CONFIG.cores_per_worker())
         self.model_threads = CONFIG.model_threads()  # read once: /info reports what the runtime was built with
         started = time.monotonic()
         try:
@@ -176,7 +178,7 @@ class HandoffClassifier:
             )
         if not 1 <= top_k <= 1000:
             raise RequestError(f"top_k={top_k}: must be between 1 and 1000")
-        array = await anyio.to_thread.run_sync(self._prepare, upload, limiter=self.decoders)
+        array = await self.decoders.run(self._prepare, upload)
         probabilities = softmax(await self.batched(array[None]))[0]
         order = np.argsort(-probabilities)[: min(top_k, len(self.classes))]
         return {
@@ -206,9 +208,9 @@ class HandoffClassifier:
         `{"tensor": N x C x H x W}`, any model's `{"inputs": {name: nested list}}` -> `{"outputs": {...}}`."""
         self._require_ready()
         if self.task == TASK_IMAGE_CLASSIFICATION:
-            batch = await anyio.to_thread.run_sync(self._parse_predict, body, limiter=self.decoders)
+            batch = await self.decoders.run(self._parse_predict, body)
             return await self.predict_rows(batch)
-        inputs = await anyio.to_thread.run_sync(self._parse_inputs, body, limiter=self.decoders)
+        inputs = await self.decoders.run(self._parse_inputs, body)
         outputs = await self.batched(inputs)
         return {"outputs": {name: value.tolist() for name, value in outputs.items()}}
 
@@ -325,6 +327,7 @@ RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/bmp
 
 SERVICE.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys, open_paths=PROBES | open_paths(CONFIG.model_name))
 skip_unexported_spans()
+replace_bentoml_timeout()
 bound_metric_labels(
     {
         "/",

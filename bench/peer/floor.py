@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import anyio
 import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -26,6 +25,7 @@ from export.manifest import fast_decode_passed, read_manifest_unchecked  # noqa:
 from harness.server import ScriptServer  # noqa: E402
 from serve.batching import ModelBatcher  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
+from serve.decode_pool import DecodePool  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
 from train.pil_transform import Preprocessor  # noqa: E402
 
@@ -37,7 +37,7 @@ def app(folder: Path, device: str) -> Starlette:
     manifest = read_manifest_unchecked(folder)
     pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
     fast = fast_decode_passed(manifest)  # decoding as the service does by default
-    decoders = anyio.CapacityLimiter(usable_cores())
+    decoders = DecodePool(usable_cores())
     state: dict[str, ModelBatcher] = {}
 
     def run(batch: np.ndarray) -> np.ndarray:
@@ -45,7 +45,7 @@ def app(folder: Path, device: str) -> Starlette:
 
     async def classify(request: Request) -> JSONResponse:
         body = await request.body()
-        row = await anyio.to_thread.run_sync(lambda: pre(pre.decode(body, fast=fast)), limiter=decoders)
+        row = await decoders.run(lambda: pre(pre.decode(body, fast=fast)))
         if "batcher" not in state:  # on the server's loop, at the first request
             state["batcher"] = ModelBatcher(run, 32, 10_000)
         logits = await state["batcher"](row[None])
