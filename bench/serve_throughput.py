@@ -22,7 +22,9 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
 - peer_litserve: bench/peer/litserve_peer.py, LitServe with its batching on (max_batch_size 32, batch_timeout
   10 ms), the same decoding and session, the same multipart uploads as `ours`;
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
-  (HANDOFF_WORKERS; each worker's model then runs on one thread).
+  (HANDOFF_WORKERS; each worker's model then runs on one thread);
+- at_NAME (with --baseline DIR): the service of another checkout of handoff (`git worktree add DIR COMMIT`),
+  served and loaded as ours_raw_body: the A/B of a change to the service, in the same rounds.
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
 round and reverses every other round: bench/results.side_order); figures are medians over rounds, and each side
 at c=64 is also divided by its own round's limit, round by round (paired, so drift between rounds cancels).
@@ -87,24 +89,25 @@ GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process;
 
 
 PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:BatchedPeer"}
+BASELINE = "at_"  # a side serving another checkout (--baseline)
 
 
 def default_sides(device: str) -> list[str]:
     return [name for name in SERVICES if device == "cpu" or name not in CPU_ONLY]
 
 
-def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
+def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT) -> BentoServer:
     if name == "peer_floor":
         return floor_server(log, folder, device)
     if name == "peer_litserve":
         return litserve_server(log, folder, device)
-    if name in OURS:
+    if name in OURS or checkout != ROOT:
         workers = usable_cores() if name == "ours_per_core" else 1
         spans = {"BENTOML_CONFIG_OPTIONS": SPANS_KEPT} if name == "ours_with_spans" else {}
         return BentoServer(
             log,
             target=None,
-            cwd=ROOT,
+            cwd=checkout,  # `python -m bentoml` imports the service from its working directory first
             bentoml=None,
             HANDOFF_MODEL_DIR=str(folder),
             HANDOFF_DEVICE=device,
@@ -117,22 +120,24 @@ def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
 
 
 def served_provider(name: str, server: BentoServer) -> str:
-    if name in OURS:
+    if name in OURS or name.startswith(BASELINE):
         return httpx.get(f"{server.url}/info", timeout=10).json()["provider"]
     return httpx.post(f"{server.url}/provider", json={}, timeout=10).json()["provider"]
 
 
 def requests_for(name: str, folder: Path, jpegs: list[bytes]) -> list[Upload]:
     """What side `name` sends for each JPEG: its form of the same images."""
-    form = FORM.get(name, "multipart")
+    form = "raw" if name.startswith(BASELINE) else FORM.get(name, "multipart")
     if form != "oip_tensor":
         return uploads(jpegs, form)
     preprocess = Preprocessor.from_manifest(read_manifest(folder)["preprocess"], max_pixels=10**9)
     return uploads([preprocess(preprocess.decode(jpeg)) for jpeg in jpegs], form)
 
 
-def measure_service(name: str, folder: Path, device: str, log: Path, jpegs: list[bytes], args: Any) -> dict:
-    with start(name, folder, device, log) as server:
+def measure_service(
+    name: str, folder: Path, device: str, log: Path, jpegs: list[bytes], args: Any, checkout: Path = ROOT
+) -> dict:
+    with start(name, folder, device, log, checkout) as server:
         result: dict[str, Any] = {"ready_s": server.wait_ready()}  # launch to /readyz 200, warm-up included
         assert_provider(name, [served_provider(name, server)], device)
         requests = requests_for(name, folder, jpegs)
@@ -149,8 +154,16 @@ def main() -> int:
     p.add_argument("--sides", nargs="+", choices=SERVICES, help="services to measure (default: all for the device)")
     p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 (default)")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="also serve these checkouts of handoff (git worktree add DIR COMMIT) as sides at_DIRNAME",
+    )
     args = p.parse_args()
-    args.sides = args.sides or default_sides(args.device)
+    checkouts = {f"{BASELINE}{path.name}": path.resolve() for path in args.baseline}
+    args.sides = (args.sides or default_sides(args.device)) + list(checkouts)
     work = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     folder = args.export.resolve() if args.export else make_model(work)
     jpegs = make_jpegs()
@@ -160,7 +173,8 @@ def main() -> int:
         this_round = {"limit": limit_round(model, jpegs, args.seconds)}
         order = side_order(args.sides, round_)
         for name in order:
-            this_round[name] = measure_service(name, folder, args.device, work / f"{name}{round_}.log", jpegs, args)
+            log = work / f"{name}{round_}.log"
+            this_round[name] = measure_service(name, folder, args.device, log, jpegs, args, checkouts.get(name, ROOT))
         rounds.append(this_round)
         print(
             f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.1f} images/s, "
@@ -185,7 +199,7 @@ def main() -> int:
             )
             ratios[f"{name}_over_limit_c{c}"] = r["images_per_s"] / limit["images_per_s"]
         for ours in (n for n in OURS if n in args.sides):
-            for peer in (p for p in PEER_SIDES if p in args.sides):
+            for peer in [p for p in PEER_SIDES if p in args.sides] + list(checkouts):
                 ratios[f"{ours}_over_{peer}_c{c}"] = median[ours][c]["images_per_s"] / median[peer][c]["images_per_s"]
     # the protocol's goal: as fast as raw-body /classify; and the span middleware's cost
     for name in ("ours_oip_image", "ours_oip_tensor", "ours_with_spans"):
