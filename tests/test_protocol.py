@@ -281,14 +281,13 @@ def test_hostile_bodies_get_400_and_the_server_stays_well(server, images):
 def test_health_answers_under_load_never_429(server, images):
     """64 infers at once against HANDOFF_MAX_CONCURRENCY=32 (some get 429); the probes answer 200 throughout."""
     files = images[1]
-    body_document = {
-        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 0}}]
-    }
 
     def infer(i: int) -> int:
         image = struct.pack("<I", len(files[i % 24])) + files[i % 24]
-        body_document["inputs"][0]["parameters"]["binary_data_size"] = len(image)
-        return raw_infer(server.url, json.loads(json.dumps(body_document)), image).status_code
+        # a document of its own per request: one shared between the threads sent other images' sizes (a 400)
+        size = {"binary_data_size": len(image)}
+        document = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "parameters": size}]}
+        return raw_infer(server.url, document, image).status_code
 
     with ThreadPoolExecutor(64) as pool:
         load = pool.map(infer, range(256))
