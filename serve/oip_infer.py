@@ -15,7 +15,6 @@ import numpy as np
 
 from serve.oip import IMAGE_INPUT, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
-from serve.runtime import softmax
 from serve.tensor_inputs import check_rows, model_inputs
 
 
@@ -47,8 +46,8 @@ async def classifier_infer(service: Any, request: InferRequest, max_rows: int) -
         # float32 rows, as decoded images are, so both kinds of request share batches.
         rows = model_inputs(_numeric(request, ["input"]), service.signature, max_rows)["input"]
         batch = rows.astype(np.float32, copy=False)
-    logits = await service.batched(batch)
-    return select_outputs(request, {"logits": logits, "probabilities": softmax(logits)}, service.classes)
+    outputs = await service.batched(batch)
+    return select_outputs(request, {name: outputs[name] for name in ("logits", "probabilities")}, service.classes)
 
 
 async def tensor_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:
