@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ if _WORKERS > 1:
 import httpx
 import pytest
 import torch
+from filelock import FileLock
 from PIL import Image
 
 from harness.reference import eager_from_export  # noqa: F401 - re-exported for the tests
@@ -105,14 +107,26 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             )
 
 
+def run_wide_folder(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A folder every xdist worker of this run shares (the run's own base folder; without xdist, this
+    session's), for fixtures built once per run instead of once per worker."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
 @pytest.fixture(scope="session")
-def exported(tmp_path_factory) -> Path:
-    """The digits model trained for 2 epochs and exported: what the serving tests serve."""
-    run_dir = tmp_path_factory.mktemp("digits_run")
-    trained = run([sys.executable, TRAIN, "--epochs", "2", "--workers", "0", "--out", str(run_dir)])
-    assert trained.returncode == 0, trained.stderr
-    done = run([sys.executable, "-m", "export", str(run_dir / "last.pt"), "--no-bento"])
-    assert done.returncode == 0, done.stderr
+def exported(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The digits model trained for 2 epochs and exported: what the serving tests serve. Built by the first
+    worker that needs it, under a lock; the other waits and reads it (the tests copy it, never change it)."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    run_dir = shared / "digits_run"
+    with FileLock(str(shared / "digits_run.lock")):
+        if not (run_dir / "last.export" / "manifest.json").is_file():
+            shutil.rmtree(run_dir, ignore_errors=True)  # a half-built one, from a worker that failed
+            trained = run([sys.executable, TRAIN, "--epochs", "2", "--workers", "0", "--out", str(run_dir)])
+            assert trained.returncode == 0, trained.stderr
+            done = run([sys.executable, "-m", "export", str(run_dir / "last.pt"), "--no-bento"])
+            assert done.returncode == 0, done.stderr
     return run_dir / "last.export"
 
 

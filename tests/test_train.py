@@ -34,11 +34,19 @@ from train.checkpoint import FORMAT, META_KEYS, REQUIRED_KEYS
 from train.models import build_model
 
 EPOCHS = 5
+# The trainer's mechanics (resume, preemption, crashes, locks) with a small torchvision model: an epoch of the
+# digits on 2 processes takes ~4 s here against ~16 s for resnet18 (the default, which the demo and the
+# serving tests train), so the suite stays within CI's time.
+ARCH = "shufflenet_v2_x0_5"
+SMALL = ("--arch", ARCH)
 # Settings shared by every run that is compared with the reference run; workers > 0 on purpose, so
 # exact resume is shown with DataLoader worker processes in play.
-ARGS = ("--epochs", str(EPOCHS), "--batch-size", "32", "--seed", "1", "--workers", "2")
-# Measured: 2 processes reach 96-97% after 5 epochs on the digits (360 val images); 93% leaves room for noise.
-MIN_VAL_ACC1 = 93.0
+ARGS = ("--epochs", str(EPOCHS), "--batch-size", "32", "--seed", "1", "--workers", "2", *SMALL)
+# Measured: 2 processes reach 86.9% after 5 epochs on the digits (360 val images; resnet18: 96-97%); chance
+# is 10%, and 80% leaves room for another CPU's rounding.
+MIN_VAL_ACC1 = 80.0
+# The tests that compare with the reference run share one worker, so that it is trained once per run.
+with_reference = pytest.mark.xdist_group("train_reference")
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:
@@ -56,6 +64,7 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
+@with_reference
 def test_two_processes_learn_the_digits(reference: Path):
     rows = metrics_rows(reference)
     assert [int(r["epoch"]) for r in rows] == list(range(1, EPOCHS + 1))
@@ -66,6 +75,7 @@ def test_two_processes_learn_the_digits(reference: Path):
     shutil.copyfile(reference / "curves.png", ROOT / "docs" / "assets" / "curves.png")  # the docs show this run's
 
 
+@with_reference
 def test_readme_snippet_loads_best_into_a_bare_model(reference: Path):
     """The docs' answer to "how do I load a DDP checkpoint into a bare model" runs as written."""
     readme = (ROOT / "docs" / "questions.md").read_text()
@@ -77,16 +87,17 @@ def test_readme_snippet_loads_best_into_a_bare_model(reference: Path):
     assert all(not key.startswith("module.") for key in model.state_dict())
 
 
+@with_reference
 def test_checkpoint_contract(reference: Path):
     ckpt = load(reference / "last.pt")  # weights_only=True
     assert ckpt["format"] == FORMAT
     assert set(REQUIRED_KEYS) <= ckpt.keys()
     assert set(META_KEYS) <= ckpt["meta"].keys()
     meta = ckpt["meta"]
-    assert meta["arch"] == "resnet18" and meta["num_classes"] == 10 and meta["classes"] == [str(i) for i in range(10)]
+    assert meta["arch"] == ARCH and meta["num_classes"] == 10 and meta["classes"] == [str(i) for i in range(10)]
     assert meta["world_size"] == 2 and meta["image_size"] == 32 and meta["channels"] == 3
     # The keys are the bare module's: no DDP `module.`, no `_orig_mod.`.
-    bare = build_model("resnet18", 10, 32).state_dict()
+    bare = build_model(ARCH, 10, 32).state_dict()
     assert list(ckpt["model"].keys()) == list(bare.keys())
     assert all(t.device.type == "cpu" for t in ckpt["model"].values())
     assert ckpt["epoch"] == EPOCHS and ckpt["sampler"] == {"epoch": EPOCHS, "position": 0}
@@ -116,7 +127,7 @@ def test_two_nodes_write_exactly_one_checkpoint(tmp_path: Path):
     nodes = [tmp_path / f"node{n}" for n in range(2)]
     procs = [
         start(
-            torchrun_cmd(2, "--epochs", "1", "--workers", "0", "--out", str(node), launcher_args=launcher),
+            torchrun_cmd(2, "--epochs", "1", "--workers", "0", *SMALL, "--out", str(node), launcher_args=launcher),
             tmp_path / f"node{n}.log",
         )
         for n, node in enumerate(nodes)
@@ -130,6 +141,7 @@ def test_two_nodes_write_exactly_one_checkpoint(tmp_path: Path):
     assert load(holders[0] / "last.pt")["meta"]["world_size"] == 4
 
 
+@with_reference
 def test_preempted_run_resumes_to_identical_weights(reference: Path, tmp_path: Path):
     out = tmp_path / "run"
     log = tmp_path / "first.log"
@@ -171,6 +183,7 @@ def test_preempted_run_resumes_to_identical_weights(reference: Path, tmp_path: P
     assert resized["step"] > preempted["step"]
 
 
+@with_reference
 def test_worker_crash_restarts_and_matches_reference(reference: Path, tmp_path: Path):
     """Also with --async-save: background-written checkpoints resume to the very same weights."""
     out = tmp_path / "run"
@@ -224,7 +237,7 @@ def test_sigterm_saves_and_exits_143(tmp_path: Path):
     """Without torchrun, the trainer's own exit status is seen: 128 + SIGTERM, after saving mid-epoch."""
     out = tmp_path / "run"
     log = tmp_path / "train.log"
-    cmd = [sys.executable, TRAIN, "--epochs", "50", "--workers", "0", "--image-size", "16", "--out", str(out)]
+    cmd = [sys.executable, TRAIN, "--epochs", "50", "--workers", "0", "--image-size", "16", *SMALL, "--out", str(out)]
     proc = start(cmd, log)
     wait_for(lambda: (out / "epoch_0001.pt").exists(), timeout=300, what="the epoch 1 checkpoint")
     proc.send_signal(signal.SIGTERM)
@@ -272,13 +285,15 @@ def test_orphans_exit_and_never_share_the_run_folder(tmp_path: Path):
     """A torchrun agent killed with SIGKILL leaves its workers behind: they must notice and exit, and a job
     restarted at once on the same folder must wait for the lock instead of writing beside them."""
     out = tmp_path / "run"
-    first = start(torchrun_cmd(2, "--epochs", "50", "--workers", "0", "--out", str(out)), tmp_path / "first.log")
+    first = start(
+        torchrun_cmd(2, "--epochs", "50", "--workers", "0", *SMALL, "--out", str(out)), tmp_path / "first.log"
+    )
     wait_for(lambda: (out / "epoch_0001.pt").exists(), timeout=300, what="the first job's first checkpoint")
     orphans = _workers_of(first)
     assert len(orphans) == 2
 
     # A second job on the same folder while the first is alive: refused, naming the owner.
-    busy = run(torchrun_cmd(1, "--epochs", "1", "--workers", "0", "--out", str(out)))
+    busy = run(torchrun_cmd(1, "--epochs", "1", "--workers", "0", *SMALL, "--out", str(out)))
     assert busy.returncode != 0 and "is in use by" in busy.stderr, busy.stderr[-2000:]
     owner = json.loads((out / ".lock").read_text())
     assert owner["pid"] == orphans[0].pid or owner["pid"] in [p.pid for p in orphans]
@@ -290,7 +305,7 @@ def test_orphans_exit_and_never_share_the_run_folder(tmp_path: Path):
     assert "torchrun agent" in (tmp_path / "first.log").read_text()
 
     # Now the folder is free: the restarted job resumes from the killed job's last checkpoint.
-    resumed = run(torchrun_cmd(2, "--epochs", "2", "--workers", "0", "--out", str(out)))
+    resumed = run(torchrun_cmd(2, "--epochs", "2", "--workers", "0", *SMALL, "--out", str(out)))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming from" in resumed.stderr
     assert load(out / "last.pt")["epoch"] >= 2
