@@ -10,9 +10,9 @@ from conftest import TRAIN, load, run
 
 
 def train(out: Path, epochs: int = 1):
-    return run(
-        [sys.executable, TRAIN, "--epochs", str(epochs), "--workers", "0", "--image-size", "16", "--out", str(out)]
-    )
+    """A short run that writes every file of a run folder (16 px, large batches: few cheap steps)."""
+    args = ["--epochs", str(epochs), "--workers", "0", "--image-size", "16", "--batch-size", "128"]
+    return run([sys.executable, TRAIN, *args, "--out", str(out)])
 
 
 def test_planted_symlinks_in_the_run_folder_are_not_followed(tmp_path: Path):

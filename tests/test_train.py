@@ -212,7 +212,8 @@ def test_worker_crash_restarts_and_matches_reference(reference: Path, tmp_path: 
 @pytest.mark.parametrize("mode", [pytest.param("sync", marks=pytest.mark.soak), "async"])
 def test_sigkill_during_checkpoint_write_keeps_last_loadable(mode: str, tmp_path: Path):
     out = tmp_path / "run"
-    cmd = [torchrun_cmd(1)[0], TRAIN, "--epochs", "3", "--workers", "0", "--image-size", "16", "--out", str(out)]
+    cmd = [torchrun_cmd(1)[0], TRAIN, "--epochs", "3", "--workers", "0", "--image-size", "16", "--batch-size", "128"]
+    cmd += ["--out", str(out)]
     cmd += ["--async-save"] if mode == "async" else []
     proc = start(cmd, tmp_path / "train.log")
 

@@ -19,8 +19,10 @@ def test_sigkill_at_random_moments_of_checkpoint_writes(tmp_path: Path):
     rng = random.Random(0)
 
     def train_cmd(epochs: int) -> list[str]:
-        # 16 px: the epochs between writes cost little, the writes (the whole model) as much as ever.
-        args = ["--epochs", str(epochs), "--workers", "0", "--image-size", "16", "--keep-last", "1"]
+        # 16 px and large batches: the epochs between writes cost little, the writes (the whole model) as much
+        # as ever.
+        args = ["--epochs", str(epochs), "--workers", "0", "--image-size", "16", "--batch-size", "128"]
+        args += ["--keep-last", "1"]
         return [sys.executable, TRAIN, *args, "--out", str(out)]
 
     failures, mid_write, epochs = [], 0, []
