@@ -92,6 +92,11 @@ PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:Batched
 BASELINE = "at_"  # a side serving another checkout (--baseline)
 
 
+def is_ours(name: str) -> bool:
+    """A side served by handoff's own service: this checkout's, or another's (--baseline)."""
+    return name in OURS or name.startswith(BASELINE)
+
+
 def default_sides(device: str) -> list[str]:
     return [name for name in SERVICES if device == "cpu" or name not in CPU_ONLY]
 
@@ -101,7 +106,7 @@ def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT
         return floor_server(log, folder, device)
     if name == "peer_litserve":
         return litserve_server(log, folder, device)
-    if name in OURS or checkout != ROOT:
+    if is_ours(name):
         workers = usable_cores() if name == "ours_per_core" else 1
         spans = {"BENTOML_CONFIG_OPTIONS": SPANS_KEPT} if name == "ours_with_spans" else {}
         return BentoServer(
@@ -120,7 +125,7 @@ def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT
 
 
 def served_provider(name: str, server: BentoServer) -> str:
-    if name in OURS or name.startswith(BASELINE):
+    if is_ours(name):
         return httpx.get(f"{server.url}/info", timeout=10).json()["provider"]
     return httpx.post(f"{server.url}/provider", json={}, timeout=10).json()["provider"]
 

@@ -18,7 +18,6 @@ T = TypeVar("T")
 
 class DecodePool:
     def __init__(self, threads: int) -> None:
-        self.threads = threads
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="handoff-decode")
 
     async def run(self, work: Callable[..., T], *args: object) -> T:
