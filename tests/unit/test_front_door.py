@@ -165,3 +165,20 @@ def test_an_unexpected_error_is_a_500_at_once_with_the_cause_logged(caplog):
 )
 def test_small_integers_are_ascii_digits(text, ok):
     assert small_integer(text) is ok
+
+
+def test_a_text_orjson_refuses_is_still_answered_as_valid_json():
+    """send_json writes with orjson, which refuses a lone surrogate; the standard library escapes it."""
+    import json
+
+    from serve.front_door import send_json
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    anyio.run(send_json, send, 400, {"error": "bad name \udc80"})
+    body = sent[1]["body"]
+    assert json.loads(body) == {"error": "bad name \udc80"}
+    assert dict(sent[0]["headers"])[b"content-length"] == str(len(body)).encode()
