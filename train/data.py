@@ -30,7 +30,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from train.class_names import check_class_names
 from train.models import eval_defaults, is_timm
-from train.preprocessing import Preprocessing
+from train.preprocessing import Preprocessing, check_image_size
 from train.presets import eval_transform, train_transform
 
 DEFAULT_IMAGE_SIZE = 32  # torchvision models, when --image-size is not given
@@ -137,12 +137,6 @@ def _ignore_sigterm(worker_id: int) -> None:
     """DataLoader workers share their rank's process group, so a SIGTERM sent to the group reaches them too;
     they leave the decision to the rank (which saves, then exits, taking its workers with it)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def check_image_size(size: int) -> None:
-    """The --image-size rule, shared by the trainer and the exporter."""
-    if size < 8:
-        raise ValueError(f"--image-size={size}: use at least 8 pixels")
 
 
 @dataclass

@@ -16,6 +16,12 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 
 
+def check_image_size(size: int) -> None:
+    """The --image-size rule, shared by the trainer and the exporter."""
+    if size < 8:
+        raise ValueError(f"--image-size={size}: use at least 8 pixels")
+
+
 @dataclass(frozen=True)
 class Preprocessing:
     """Resize the shorter side to `resize`, center-crop `crop` x `crop`, scale to [0, 1], normalise."""

@@ -1,0 +1,226 @@
+"""Export a checkpoint to ONNX, torch.export (pt2), TorchScript and safetensors, and prove numerical parity.
+
+    python -m export runs/demo/last.pt                       # a handoff checkpoint: no flags needed
+    python -m export model_best.pth.tar                      # the ImageNet example's checkpoint (arch inside)
+    python -m export output/model_29.pth --ema               # torchvision's references, their EMA weights
+    python -m export output/train/*/model_best.pth.tar       # timm's train.py (timm's preprocessing)
+    python -m export outputs/checkpoint/step-1000            # torch.distributed.checkpoint (FSDP2, torchtitan)
+    python -m export weights.pth --arch resnet50             # a bare state_dict, DDP-prefixed or not
+    python -m export weights.pth --arch timm/convnext_atto   # the same, of a timm model
+    python -m export model.pt --trust-pickle                 # a whole pickled nn.Module (only if you trust it)
+
+Exit status: 0 exported and parity passed; 2 bad input or usage (one line on stderr, nothing written);
+3 parity failed (report printed, folder written with status "failed", never registered).
+
+This module is the command line: its options, and every check of them that needs no torch. The export itself
+(export/run.py) imports torch, about 7 s of CPU here: a mistyped option, a bad number or a missing labels file
+is answered before that, in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from export import bento
+from export.manifest import DEFAULT_FORMATS, FORMATS
+from train.class_names import check_class_names
+from train.preprocessing import check_image_size
+
+EXIT_BAD_INPUT = 2  # EXIT_OK (0) and EXIT_PARITY (3) come with the writers
+
+
+@dataclass(frozen=True)
+class CheckedOptions:
+    """What the options say once checked: the formats to write, and the class names of --labels (or None)."""
+
+    formats: list[str]
+    labels: list[str] | None
+
+
+def check_options(args: argparse.Namespace) -> CheckedOptions:
+    """Every check that needs neither torch nor the checkpoint; ValueError says what is wrong, in one line."""
+    formats = _formats(args.formats)
+    _check_numbers(args, formats)
+    return CheckedOptions(formats, _labels(args.labels))
+
+
+def bad_input(err: Exception) -> int:
+    """The one-line answer to bad input or usage, and its exit status."""
+    print(f"export: error: {err}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m export",
+        description=__doc__.split("\n\n")[0],
+        epilog="examples:\n" + __doc__.split("\n\n")[1] + "\n\n" + __doc__.split("\n\n")[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    read = p.add_argument_group("what to read")
+    read.add_argument(
+        "checkpoint",
+        type=Path,
+        nargs="+",
+        help="a .pt/.pth/.pth.tar/.ckpt/.bin/.safetensors file, or a folder: "
+        "torch.distributed.checkpoint (FSDP2, torchtitan step-N) or Accelerate save_state; several (one per "
+        "node, say) are compared tensor by tensor first: identical, the first is exported; different, exit 2",
+    )
+    read.add_argument(
+        "--pick",
+        type=int,
+        default=None,
+        help="with several checkpoints that differ: export the Nth (1-based) anyway (default: refuse)",
+    )
+    read.add_argument(
+        "--arch",
+        default=None,
+        help="when the checkpoint does not name one: a torchvision classifier "
+        "(resnet50), or timm/NAME for a timm model; a bare name always means torchvision's, also where "
+        "timm has the same name (a timm checkpoint's own arch is read as timm's)",
+    )
+    read.add_argument(
+        "--ema",
+        action="store_true",
+        help="export the EMA weights (torchvision's model_ema, timm's "
+        "state_dict_ema, any *ema* state) instead of the trained ones (default: trained)",
+    )
+    read.add_argument(
+        "--model",
+        default=None,
+        help="module:factory that builds your own nn.Module (called with num_classes= when it takes it)",
+    )
+    read.add_argument(
+        "--example",
+        type=Path,
+        default=None,
+        help="any model (with --model): a .pt (weights_only) or .npz holding one tensor or a dict of named "
+        "tensors: the inputs' names, dtypes and shapes, and the values parity runs on; dimension 0 is the batch",
+    )
+    read.add_argument(
+        "--dynamic",
+        action="append",
+        default=[],
+        metavar="NAME:DIM[,DIM]",
+        help="with --example: more dynamic dimensions of input NAME besides the batch, e.g. tokens:1 for a "
+        "sequence length (repeatable, once per input)",
+    )
+    read.add_argument(
+        "--image-size", type=int, default=None, help="input side, when the checkpoint does not say (default: 224)"
+    )
+    read.add_argument(
+        "--labels",
+        type=Path,
+        default=None,
+        help="class names, one per line, in index order (default: the checkpoint's, else 0..N-1)",
+    )
+    read.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow full unpickling; this runs code from the "
+        "file, so only for files you trust (default: off, weights_only=True)",
+    )
+    write = p.add_argument_group("what to write")
+    write.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="export folder (default: beside the checkpoint, <checkpoint name>.export)",
+    )
+    write.add_argument(
+        "--formats",
+        default=",".join(DEFAULT_FORMATS),
+        help="comma-separated subset of "
+        + ",".join(FORMATS)
+        + f" (default: {','.join(DEFAULT_FORMATS)}). onnx: what the service runs; "
+        "pt2: torch.export, for torch users (torch.export.load); aoti: compiled ahead of time (C++, "
+        "~30 s, opt-in); torchscript: deprecated upstream, kept for stacks that still load it",
+    )
+    write.add_argument(
+        "--fp16",
+        action="store_true",
+        help="export half-precision artifacts, checked with fp16 tolerances (default: fp32)",
+    )
+    write.add_argument(
+        "--name",
+        default=bento.DEFAULT_NAME,
+        help=f"model name in the BentoML model store (default: {bento.DEFAULT_NAME})",
+    )
+    write.add_argument(
+        "--no-bento",
+        action="store_true",
+        help="do not register the result in the BentoML model store (default: register)",
+    )
+    check = p.add_argument_group("parity check")
+    check.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the eager reference runs; auto: CUDA when present (default: auto)",
+    )
+    check.add_argument(
+        "--samples",
+        type=Path,
+        default=None,
+        help="folder of real images for the parity check "
+        "(default: the training data when the checkpoint names it, else scikit-learn's sample photos)",
+    )
+    check.add_argument(
+        "--int8",
+        action="store_true",
+        help="also write model.int8.onnx: ONNX Runtime's static "
+        "INT8 quantization (QDQ, per-channel), calibrated on the training data the checkpoint names "
+        "(else --samples), kept only if accuracy holds (see --max-accuracy-drop)",
+    )
+    check.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=1.0,
+        help="INT8: the most top-1 it may lose, in "
+        "percentage points, on the validation set (or in agreement with fp32); past it, exit 3 and "
+        "the INT8 artifact is marked failed and never served (default: 1.0)",
+    )
+    check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-4, fp16 5e-2)")
+    check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: 1e-3, fp16 5e-2)")
+    return p
+
+
+def _formats(value: str) -> list[str]:
+    formats = [f.strip() for f in value.split(",") if f.strip()]
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise ValueError(f"--formats={value!r}: choose from {', '.join(FORMATS)}")
+    return formats
+
+
+def _check_numbers(args: argparse.Namespace, formats: list[str]) -> None:
+    if args.int8 and "onnx" not in formats:
+        raise ValueError("--int8 quantizes the ONNX model: keep onnx in --formats")
+    if args.int8 and args.fp16:
+        raise ValueError("--int8 and --fp16: choose one precision")
+    if args.max_accuracy_drop < 0:
+        raise ValueError(f"--max-accuracy-drop={args.max_accuracy_drop}: 0 or more percentage points")
+    if args.image_size is not None:
+        check_image_size(args.image_size)
+    for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
+        if value is not None and value < 0:
+            raise ValueError(f"{flag}={value}: a tolerance is 0 or more")
+
+
+MAX_LABELS_BYTES = 16 * 2**20  # a million names of 16 characters
+
+
+def _labels(path: Path | None) -> list[str] | None:
+    if path is None:
+        return None
+    if not path.is_file():  # also refuses a FIFO or a device (/dev/zero), which would never end
+        raise ValueError(f"--labels={path}: no such file (one class name per line, in index order)")
+    if path.stat().st_size > MAX_LABELS_BYTES:
+        raise ValueError(f"--labels={path}: larger than {MAX_LABELS_BYTES // 2**20} MB; one class name per line")
+    lines = path.read_text().splitlines()
+    while lines and not lines[-1].strip():  # a trailing blank line is a habit, not a class
+        lines.pop()
+    return check_class_names(lines, f"--labels={path}")
