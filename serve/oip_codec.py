@@ -22,6 +22,7 @@ import numpy as np
 import orjson  # parses a JSON tensor's numbers about 5x faster than json (bench/protocol_json.py)
 
 from serve.json_body import not_json_numbers
+from serve.runtime import best_first
 
 # The protocol's datatypes and NumPy's (little-endian, as the binary extension sends them); BYTES is a list.
 DATATYPES: dict[str, str] = {
@@ -317,7 +318,7 @@ def encode_infer_response(
 def classification_strings(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray:
     """Triton's classification extension: for each row its top k as b"score:index:label", best first."""
     k = min(k, scores.shape[1])
-    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    top = best_first(scores)[:, :k]
     rows = []
     for row, indices in zip(scores, top):
         rows.append([(f"{row[i]:f}:{i}" + (f":{labels[i]}" if labels else "")).encode() for i in indices.tolist()])

@@ -229,3 +229,10 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=1, keepdims=True)
     exp = np.exp(shifted)
     return exp / exp.sum(axis=1, keepdims=True)
+
+
+def best_first(scores: np.ndarray) -> np.ndarray:
+    """Each row's class indices, best score first; equal scores in index order, as argmax and the eager model's
+    top-1 break them (INT8 outputs are quantized, so exact ties happen: an unstable sort answered 6 where
+    argmax said 5)."""
+    return np.argsort(-scores, axis=1, kind="stable")

@@ -44,7 +44,7 @@ from serve.oip import ProtocolSurface, known_paths, open_paths
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
 from serve.oip_infer import classifier_infer, tensor_infer
 from serve.page import PAGE, PAGE_HEADERS
-from serve.runtime import RuntimeUnavailable, load_runtime, softmax
+from serve.runtime import RuntimeUnavailable, best_first, load_runtime, softmax
 from serve.tensor_inputs import json_inputs, model_inputs
 from serve.tracing import skip_unexported_spans
 from train.pil_transform import BadImage, Preprocessor
@@ -165,7 +165,7 @@ class HandoffClassifier:
         to its 5 ms switch interval each time (py-spy: 11% of the loop's samples at c=64, digits model)."""
         logits = self.runtime(batch)
         probabilities = softmax(logits)
-        return {"logits": logits, "probabilities": probabilities, "order": np.argsort(-probabilities, axis=1)}
+        return {"logits": logits, "probabilities": probabilities, "order": best_first(probabilities)}
 
     @bentoml.api
     async def classify(self, image: Path, top_k: int = 5) -> JSON:
