@@ -59,7 +59,16 @@ def bento(exported: Path, tmp_path_factory) -> dict:
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     installed = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--quiet", "-r", str(path / "env" / "python" / "requirements.txt")],
+        # --no-compile: Python compiles what it imports when it imports it; compiling every module up front is
+        # a third of an install from pip's cache (kserve's: 48 -> 33 s), for a server that imports few of them.
+        [
+            str(venv / "bin" / "pip"),
+            "install",
+            "--quiet",
+            "--no-compile",
+            "-r",
+            str(path / "env/python/requirements.txt"),
+        ],
         capture_output=True,
         text=True,
         timeout=900,
