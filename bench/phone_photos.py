@@ -30,7 +30,7 @@ from bench.workload import PHONE_PHOTO_SIZE, make_int8_model, make_model, phone_
 from export.manifest import fast_decode_checked, read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
-CONCURRENCY = (1, 64)
+CONCURRENCY = (1, 8, 64)
 GOAL = "12-megapixel JPEGs at c=64: auto (fast decode) >= 5 x exact per image; top-1 agreement >= 99.5%"
 
 

@@ -25,6 +25,11 @@ inputs agree beyond the batch dimension (shapes and dtypes: the same sequence le
 shorter sequence would change what an unmasked model answers. A request of another shape waits for the next
 batch, in its turn.
 
+Where decoding is the bottleneck (12-megapixel photos, a cheap model), images reach an idle model one at a
+time, and a batch of one costs the model nearly what a batch of eight does. So while requests wait for a decoder
+(`upstream`, serve/decode_pool.py) and more of them are still being decoded than have queued, the next batch
+waits for them, up to HOLD_DECODES decodes' time. At low load nothing waits for a decoder and nothing is held.
+
 Overload: a request is refused at once with 503 when the model cannot finish it within max_latency_ms by
 the measured time per row, or when its turn comes after it has already waited that long.
 """
@@ -37,12 +42,25 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from bentoml.exceptions import ServiceUnavailable
 
 Rows = np.ndarray | dict[str, np.ndarray]  # a classifier's one input, or any model's inputs by name
+HOLD_DECODES = 4  # the longest a batch waits for rows still being decoded, in decodes' time (bench/phone_photos.py)
+# Holds only where a decode costs at least this many model calls: elsewhere (400 x 300 JPEGs, where the event loop
+# is the bottleneck) the wait added latency and saved nothing: 0.92 x at c=64 (docs/benchmarks.md).
+DECODE_OVER_MODEL_CALL = 4
+
+
+class Upstream(Protocol):
+    """Where the rows come from (serve/decode_pool.DecodePool): what is on its way to the model."""
+
+    in_progress: int  # requests being decoded, or waiting for a decoder
+    seconds_each: float | None  # one decode's time
+
+    def backlogged(self) -> bool: ...
 
 
 def _size(rows: Rows) -> int:
@@ -73,6 +91,11 @@ def _split(outputs: Rows, sizes: list[int]) -> list[Rows]:
     return [{name: pieces[name][i] for name in outputs} for i in range(len(sizes))]
 
 
+def _average(average: float | None, sample: float) -> float:
+    """A moving average over recent samples."""
+    return sample if average is None else 0.8 * average + 0.2 * sample
+
+
 @dataclass
 class _Job:
     rows: Rows
@@ -95,9 +118,12 @@ class ModelBatcher:
         max_batch_size: int,
         max_latency_ms: int,
         pad_to: list[int] | None = None,
+        upstream: Upstream | None = None,
     ) -> None:
-        """`pad_to`: the batch sizes the model runs at (ascending); a batch is padded up to the next one."""
+        """`pad_to`: the batch sizes the model runs at (ascending); a batch is padded up to the next one.
+        `upstream`: the decoders the rows come from; without it, a batch never waits for rows to come."""
         self.model = model
+        self.upstream = upstream
         self.max_batch_size = max_batch_size
         self.pad_to = sorted(pad_to) if pad_to else None
         self.max_latency_s = max_latency_ms / 1000
@@ -106,6 +132,7 @@ class ModelBatcher:
         self.queue: collections.deque[_Job] = collections.deque()
         self.queued_rows = 0
         self.seconds_per_row: float | None = None  # measured: a moving average over recent batches
+        self.seconds_per_call: float | None = None  # a batch's time, whatever its size: the same
         self.running_until = 0.0  # when the batch now running is expected to end
         self.worker: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
@@ -163,6 +190,7 @@ class ModelBatcher:
         while True:
             await self.wake.wait()
             self.wake.clear()
+            await self._hold()
             batch = self._start_next()
             while batch is not None:
                 jobs, running = batch
@@ -170,8 +198,35 @@ class ModelBatcher:
                     outputs: Rows | Exception = await running
                 except Exception as err:  # noqa: BLE001 - every caller in the batch gets the model's error
                     outputs = err
-                batch = self._start_next()  # before answering: the model need not wait for the answers to go out
+                # The next batch goes to the model before the answers go out (it need not wait for them), unless
+                # it is to wait for rows still being decoded.
+                batch = None if self._hold_s() > 0 else self._start_next()
                 self._answer(jobs, outputs)
+                if batch is None:
+                    await self._hold()
+                    batch = self._start_next()
+
+    def _hold_s(self) -> float:
+        """How much longer the next batch waits for rows still being decoded; 0: start it now."""
+        upstream, call = self.upstream, self.seconds_per_call
+        if upstream is None or upstream.seconds_each is None or call is None or not self.queue:
+            return 0.0
+        if not upstream.backlogged() or upstream.seconds_each < DECODE_OVER_MODEL_CALL * call:
+            return 0.0
+        if self.queued_rows >= min(self.max_batch_size, upstream.in_progress):
+            return 0.0  # as many rows here as are still coming: a batch worth running
+        waited = time.monotonic() - self.queue[0].queued_at
+        return max(0.0, HOLD_DECODES * upstream.seconds_each - waited)
+
+    async def _hold(self) -> None:
+        """Wait while `_hold_s` says so; each request that arrives wakes it to look again."""
+        while (wait := self._hold_s()) > 0:
+            self.wake.clear()
+            try:
+                async with asyncio.timeout(wait):
+                    await self.wake.wait()
+            except TimeoutError:
+                return
 
     def _start_next(self) -> tuple[list[_Job], asyncio.Future[Rows]] | None:
         """The next batch handed to the model thread at once (no await in between), or None if nothing queued."""
@@ -198,8 +253,9 @@ class ModelBatcher:
         if self.seconds_per_row is not None:
             self.running_until = started + rows * self.seconds_per_row
         outputs = _each(self.model(self._padded(_join(parts))), lambda a: a[:rows])
-        per_row = (time.monotonic() - started) / rows
-        self.seconds_per_row = per_row if self.seconds_per_row is None else 0.8 * self.seconds_per_row + 0.2 * per_row
+        took = time.monotonic() - started
+        self.seconds_per_row = _average(self.seconds_per_row, took / rows)
+        self.seconds_per_call = _average(self.seconds_per_call, took)
         return outputs
 
     @staticmethod

@@ -156,7 +156,9 @@ class HandoffClassifier:
         for its inputs by name."""
         if self.batcher is None:  # created on the server's event loop, at the first request
             model = self._classify_batch if self.task == TASK_IMAGE_CLASSIFICATION else self.runtime.run_named
-            self.batcher = ModelBatcher(model, CONFIG.max_batch_size, CONFIG.max_latency_ms, self._padded_batch_sizes())
+            self.batcher = ModelBatcher(
+                model, CONFIG.max_batch_size, CONFIG.max_latency_ms, self._padded_batch_sizes(), self.decoders
+            )
         return await self.batcher(rows)
 
     def _classify_batch(self, batch: np.ndarray) -> dict[str, np.ndarray]:

@@ -47,7 +47,7 @@ def app(folder: Path, device: str) -> Starlette:
         body = await request.body()
         row = await decoders.run(lambda: pre(pre.decode(body, fast=fast)))
         if "batcher" not in state:  # on the server's loop, at the first request
-            state["batcher"] = ModelBatcher(run, 32, 10_000)
+            state["batcher"] = ModelBatcher(run, 32, 10_000, upstream=decoders)
         logits = await state["batcher"](row[None])
         return JSONResponse({"index": int(logits[0].argmax())})
 

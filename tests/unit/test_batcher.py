@@ -202,3 +202,38 @@ def test_batches_are_padded_to_the_warmed_sizes_and_the_padding_dropped():
     np.testing.assert_array_equal(results["larger than any size"], np.full((9, 3), 50.0))
     assert seen_batches[-2:] == [4, 9], seen_batches  # three rows padded to four; nine run as they are
     assert set(seen_batches[:-1]) <= {1, 2, 4, 8}, seen_batches
+
+
+class _Decoders:
+    """An upstream as serve/decode_pool.DecodePool reports itself: requests in its hands, one decode's time."""
+
+    def __init__(self, in_progress: int, threads: int = 2, seconds_each: float = 0.05) -> None:
+        self.in_progress, self.threads, self.seconds_each = in_progress, threads, seconds_each
+
+    def backlogged(self) -> bool:
+        return self.in_progress > self.threads
+
+
+@pytest.mark.parametrize("in_progress", [8, 2])
+def test_a_batch_waits_for_rows_still_being_decoded_only_while_decoders_are_backlogged(in_progress: int):
+    """Requests arriving 10 ms apart at an idle model, behind decodes of 50 ms: with 8 requests in the decoders'
+    hands (2 threads) the model waits and runs them as one batch; with 2 (no backlog) it runs each as it comes."""
+    model, seen_batches = _times_ten_model()
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=16, max_latency_ms=5000, upstream=_Decoders(in_progress))
+        await batcher(np.zeros((1, 3)))  # the first batch: measures the model's time per call
+
+        async def call(delay: float):
+            await anyio.sleep(delay)
+            await batcher(np.zeros((1, 3)))
+
+        async with anyio.create_task_group() as tasks:
+            for i in range(4):
+                tasks.start_soon(call, 0.01 * i)
+
+    anyio.run(go)
+    if in_progress > 2:
+        assert seen_batches == [1, 4], seen_batches
+    else:  # each runs as it comes (two could share a batch only if the loop stalled for 10 ms)
+        assert len(seen_batches) >= 4 and sum(seen_batches) == 5, seen_batches
