@@ -48,9 +48,11 @@ import numpy as np
 from bentoml.exceptions import ServiceUnavailable
 
 Rows = np.ndarray | dict[str, np.ndarray]  # a classifier's one input, or any model's inputs by name
-HOLD_DECODES = 4  # the longest a batch waits for rows still being decoded, in decodes' time (bench/phone_photos.py)
-# Holds only where a decode costs at least this many model calls: elsewhere (400 x 300 JPEGs, where the event loop
-# is the bottleneck) the wait added latency and saved nothing: 0.92 x at c=64 (docs/benchmarks.md).
+# The longest a batch waits for rows still being decoded, in decodes' time: 2 and 4 measured with
+# bench/phone_photos.py, 4 served more ("Phone photos" in docs/serve.md).
+HOLD_DECODES = 4
+# Holds only where a decode costs at least this many model calls, where a batch of one wastes most of a call.
+# With cheap decodes (400 x 300 JPEGs) the event loop is the bottleneck and batches fill while it works.
 DECODE_OVER_MODEL_CALL = 4
 
 
@@ -132,7 +134,7 @@ class ModelBatcher:
         self.queue: collections.deque[_Job] = collections.deque()
         self.queued_rows = 0
         self.seconds_per_row: float | None = None  # measured: a moving average over recent batches
-        self.seconds_per_call: float | None = None  # a batch's time, whatever its size: the same
+        self.seconds_per_call: float | None = None  # one model call's time, whatever its batch's size
         self.running_until = 0.0  # when the batch now running is expected to end
         self.worker: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
