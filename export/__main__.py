@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from export.cli import bad_input, check_options, get_args_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args: argparse.Namespace = get_args_parser().parse_args(argv)
+    args = get_args_parser().parse_args(argv)
     try:
         checked = check_options(args)
     except (ValueError, OSError) as err:

@@ -75,11 +75,10 @@ def classifier_job(
 def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
     started = time.monotonic()
     timings: dict[str, float] = {}
-    formats = checked.formats
     device = _device(args.device)
     checkpoint = choose_checkpoint(args.checkpoint, args.pick, args.trust_pickle, args.ema)
     if args.example is not None:
-        job = tensor_job(args, checkpoint, formats, device, timings)
+        job = tensor_job(args, checkpoint, checked.formats, device, timings)
     else:
         job = classifier_job(args, checkpoint, checked, device, timings)
     manifest = job.manifest
