@@ -28,7 +28,7 @@ batch, in its turn.
 Where decoding is the bottleneck (12-megapixel photos, a cheap model), images reach an idle model one at a
 time, and a batch of one costs the model nearly what a batch of eight does. So while requests wait for a decoder
 (`upstream`, serve/decode_pool.py) and more of them are still being decoded than have queued, the next batch
-waits for them, up to HOLD_DECODES decodes' time. At low load nothing waits for a decoder and nothing is held.
+waits for them, up to HOLD_DECODES decodes' time and never past a tenth of max_latency_ms. At low load nothing waits for a decoder and nothing is held.
 
 Overload: a request is refused at once with 503 when the model cannot finish it within max_latency_ms by
 the measured time per row, or when its turn comes after it has already waited that long.
@@ -218,7 +218,8 @@ class ModelBatcher:
         if self.queued_rows >= min(self.max_batch_size, upstream.in_progress):
             return 0.0  # as many rows here as are still coming: a batch worth running
         waited = time.monotonic() - self.queue[0].queued_at
-        return max(0.0, HOLD_DECODES * upstream.seconds_each - waited)
+        # At most a tenth of the latency budget: a client's huge uploads (slow decodes) cannot stretch the hold.
+        return max(0.0, min(HOLD_DECODES * upstream.seconds_each, self.max_latency_s / 10) - waited)
 
     async def _hold(self) -> None:
         """Wait while `_hold_s` says so; each request that arrives wakes it to look again."""

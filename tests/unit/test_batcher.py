@@ -237,3 +237,18 @@ def test_a_batch_waits_for_rows_still_being_decoded_only_while_decoders_are_back
         assert seen_batches == [1, 4], seen_batches
     else:  # each runs as it comes (two could share a batch only if the loop stalled for 10 ms)
         assert len(seen_batches) >= 4 and sum(seen_batches) == 5, seen_batches
+
+
+def test_slow_decodes_cannot_stretch_the_hold_past_a_tenth_of_the_latency_budget():
+    """Decodes of 10 s each (a client's huge uploads) would hold a batch 40 s; the budget's tenth (0.2 s) wins."""
+    model, seen_batches = _times_ten_model()
+
+    async def go() -> float:
+        batcher = ModelBatcher(model, max_batch_size=16, max_latency_ms=2000, upstream=_Decoders(8, seconds_each=10.0))
+        await batcher(np.zeros((1, 3)))
+        started = time.monotonic()
+        await batcher(np.zeros((1, 3)))
+        return time.monotonic() - started
+
+    held = anyio.run(go)
+    assert seen_batches == [1, 1] and held < 1.5, (seen_batches, held)
