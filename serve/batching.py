@@ -28,7 +28,8 @@ batch, in its turn.
 Where decoding is the bottleneck (12-megapixel photos, a cheap model), images reach an idle model one at a
 time, and a batch of one costs the model nearly what a batch of eight does. So while requests wait for a decoder
 (`upstream`, serve/decode_pool.py) and more of them are still being decoded than have queued, the next batch
-waits for them, up to HOLD_DECODES decodes' time and never past a tenth of max_latency_ms. At low load nothing waits for a decoder and nothing is held.
+waits for them, up to HOLD_DECODES decodes' time and never past a tenth of max_latency_ms. At low load nothing
+waits for a decoder and nothing is held.
 
 Overload: a request is refused at once with 503 when the model cannot finish it within max_latency_ms by
 the measured time per row, or when its turn comes after it has already waited that long.
