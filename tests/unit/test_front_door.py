@@ -4,7 +4,7 @@ import anyio
 import httpx
 import pytest
 
-from serve.front_door import MULTIPART, BodyRoute, FrontDoor, small_integer
+from serve.front_door import MULTIPART, BodyRoute, FrontDoor, Slots, small_integer
 
 FIELDS = {"image": "file", "top_k": "integer"}
 
@@ -121,7 +121,7 @@ def test_a_post_to_a_path_without_a_body_route_is_never_read():
 
     async def go():
         door = FrontDoor(app, max_bytes=1000, routes={}, max_concurrency=1, body_timeout_s=5)
-        door.reading = anyio.Semaphore(0)  # every reading slot taken
+        door.reading = Slots(0)  # every reading slot taken
         sent = []
 
         async def send(message):
