@@ -4,7 +4,7 @@ answered 504, as BentoML's own TimeoutMiddleware does, at less cost per request.
 BentoML's runs each request in a task of its own and arms a timer it never cancels: every answered request
 leaves its timer, future and closures on the event loop until the timeout passes (60 s of requests, ~4 KB
 each), and pays a task switch. This one cancels the request in place (`asyncio.timeout`), disarms the timer
-at the response's first message, and frees it when the request ends. Like serve/metrics_labels.py it replaces
+at the response's first message, and frees it when the request ends. Like serve/request_metrics.py it replaces
 a class BentoML looks up when it builds the app (bentoml is pinned exactly in pyproject.toml).
 """
 

@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from export.manifest import ManifestError, fast_decode_checked, fast_decode_passed, read_manifest
 from export.signature import TASK_IMAGE_CLASSIFICATION, read_signature, read_task
+from serve.access_log import replace_bentoml_access_log, write_access_log_off_the_loop
 from serve.auth import PROBES, ApiKeyGate
 from serve.batching import ModelBatcher, Rows
 from serve.config import ServeConfig
@@ -38,12 +39,12 @@ from serve.decode_pool import DecodePool
 from serve.front_door import MULTIPART, BodyRoute, FrontDoor
 from serve.handlers import RequestError, classify_image, form_fields, predict_tensor
 from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
-from serve.logs import install_log_filters, write_access_log_off_the_loop
-from serve.metrics_labels import bound_metric_labels
+from serve.logs import install_log_filters
 from serve.oip import ProtocolSurface, known_paths, open_paths
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
 from serve.oip_infer import classifier_infer, tensor_infer
 from serve.page import PAGE, PAGE_HEADERS
+from serve.request_metrics import bound_metric_labels
 from serve.runtime import RuntimeUnavailable, best_first, load_runtime, softmax
 from serve.tensor_inputs import json_inputs, model_inputs
 from serve.tracing import skip_unexported_spans
@@ -340,6 +341,7 @@ RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/bmp
 SERVICE.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys, open_paths=PROBES | open_paths(CONFIG.model_name))
 skip_unexported_spans()
 replace_bentoml_timeout()
+replace_bentoml_access_log()
 bound_metric_labels(
     {
         "/",

@@ -8,7 +8,7 @@ model is not the cost", with the A/B command; bench/serve_throughput.py's side `
 tracing is configured (an exporter and a sample rate above 0), the middleware stays as BentoML builds it.
 
 What goes without it: the unsampled trace and span ids in the access log's lines (they point to no trace).
-The access log, metrics, limits and every other middleware are untouched. Like serve/metrics_labels.py this
+The access log, metrics, limits and every other middleware are untouched. Like serve/request_metrics.py this
 replaces a class BentoML looks up when it builds the app (bentoml is pinned exactly in pyproject.toml).
 """
 

@@ -23,7 +23,7 @@ from PIL import Image
 
 from export.manifest import read_manifest_unchecked
 from serve.config import usable_cores
-from serve.metrics_labels import UNKNOWN
+from serve.request_metrics import UNKNOWN
 from train.pil_transform import Preprocessor
 from train.preprocessing import Preprocessing
 from train.presets import eval_transform

@@ -1,9 +1,14 @@
-"""The service's log filters: long request paths cut short, client errors one INFO line."""
+"""The service's log: long request paths cut short, client errors one INFO line, BentoML's access line off the loop."""
 
+import asyncio
+import contextvars
+import io
 import logging
+import time
 
 from bentoml.exceptions import BadInput
 
+from serve.access_log import AccessLine, AccessLogWriter, Entry, LineFields
 from serve.logs import MAX_LOGGED, ClientErrorsAtInfo, ShortValues
 
 
@@ -29,28 +34,82 @@ def test_a_client_error_becomes_one_info_line_and_a_server_error_stays():
     assert server.levelno == logging.ERROR and server.exc_info is not None
 
 
+def _entry(path: str, status: int = 200) -> Entry:
+    scope = {"type": "http", "scheme": "http", "method": "POST", "path": path, "client": ("10.0.0.1", 5), "headers": []}
+    start = {"type": "http.response.start", "status": status, "headers": []}
+    return Entry(LineFields(), scope, start, 1.5, time.time(), contextvars.copy_context())
+
+
 def test_the_access_log_writer_writes_every_line_and_counts_what_a_full_queue_dropped():
-    """serve/logs.py's writer thread: lines keep their order and format; a blocked output drops lines, never the
-    event loop, and the next line written says how many went."""
-    import io
-    import queue
-
-    from serve.logs import HandOver, Writer
-
+    """serve/access_log.py's writer thread: lines keep their order and format; a blocked output drops lines,
+    never the event loop, and the next line written says how many went."""
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    lines: queue.Queue[logging.LogRecord] = queue.Queue(3)
-    hand_over = HandOver(lines, [ShortValues()])
-    writer = Writer(lines, hand_over, [handler])
+    writer = AccessLogWriter([ShortValues()], [handler], capacity=3)
     for n in range(5):  # the writer is not running yet, like a blocked stdout: 3 fit, 2 are dropped
-        hand_over.handle(record("line %d %s", (n, "/" + "x" * 10_000)))
+        writer.put(_entry(f"/{n}" + "x" * 10_000))
     writer.start()
     writer.stop()
     written = out.getvalue().splitlines()
     assert written[0] == "WARNING 2 access-log line(s) dropped: the log's output did not keep up"
-    assert [line.split()[2] for line in written[1:]] == ["0", "1", "2"] and all(len(w) < 300 for w in written)
-    hand_over.handle(record("line %d", (5,)))  # room again: nothing more to report
+    assert [line.split("path=")[1][:2] for line in written[1:]] == ["/0", "/1", "/2"] and all(
+        len(w) < 300 for w in written
+    )
+    writer.put(_entry("/5"))  # room again: nothing more to report
     writer.start()
     writer.stop()
-    assert out.getvalue().splitlines()[4:] == ["INFO line 5"]
+    assert out.getvalue().splitlines()[4:] == ["INFO 10.0.0.1:5 (scheme=http,method=POST,path=/5) (status=200) 1.500ms"]
+
+
+def test_the_access_line_is_bentomls_line():
+    """AccessLine stands in for BentoML's AccessLogMiddleware: for the same request, with every optional field
+    on, the same line (the latency aside)."""
+    from bentoml._internal.server.http.access import AccessLogMiddleware
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 201, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def nothing(message):
+        pass
+
+    scope = {
+        "type": "http",
+        "scheme": "https",
+        "method": "POST",
+        "path": "/classify",
+        "client": ("10.1.2.3", 40000),
+        "headers": [(b"content-type", b"image/png"), (b"content-length", b"123")],
+    }
+    options = dict.fromkeys(
+        (
+            "has_request_content_length",
+            "has_request_content_type",
+            "has_response_content_length",
+            "has_response_content_type",
+        ),
+        True,
+    )
+    records = []
+    catch = logging.Handler()
+    catch.emit = records.append
+    logger = logging.getLogger("bentoml.access")
+    logger.addHandler(catch)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        for middleware in (AccessLogMiddleware, AccessLine):
+            asyncio.run(middleware(app, **options)(dict(scope), None, nothing))
+    finally:
+        logger.removeHandler(catch)
+        logger.level = level
+    theirs, ours = (record.getMessage().rsplit(" ", 1)[0] for record in records)
+    assert (
+        ours
+        == theirs
+        == (
+            "10.1.2.3:40000 (scheme=https,method=POST,path=/classify,type=image/png,length=123) "
+            "(status=201,type=application/json,length=)"
+        )
+    )

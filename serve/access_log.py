@@ -1,0 +1,217 @@
+"""The access log: BentoML's line for every request, made and written by a thread of its own.
+
+BentoML's AccessLogMiddleware builds its line and its log record on the event loop after each response, and
+hands it to the log's handlers there: 43 us of the loop's CPU per request in process (`bench/stack_cost.py`),
+more than the request's own front door. `AccessLine` stands in for it (BentoML builds it with the same options,
+the same skipped paths, the same line) but the loop only hands over what the line is made of: the request's
+scope, the response's first message, the latency, the time, and the request's context, where BentoML's log
+filters read the trace ids. A writer thread makes the record, runs the filters inside that context, formats and
+writes it. Past 10,000 waiting lines (a blocked stdout: a log collector that stops reading) lines are dropped
+and counted, never the loop blocked, and the next line written says how many went.
+
+Where BentoML has not configured its server logging (an app called in process), the line is logged on the spot.
+Like serve/deadline.py this replaces a class BentoML looks up when it builds the app (bentoml is pinned exactly
+in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import copy
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from serve.front_door import Receive, Scope, Send
+
+LINE = "%s (%s) (%s) %.3fms"  # BentoML's: address (request) (response) latency
+ACCESS_QUEUE_LINES = 10_000  # lines waiting for the writer; past that (stdout blocked) they are counted, not kept
+LOGGER = logging.getLogger("bentoml.access")
+
+
+@dataclass(frozen=True)
+class LineFields:
+    """The optional fields BentoML's configuration asks for (`api_server.logging.access.*`)."""
+
+    request_length: bool = False
+    request_type: bool = False
+    response_length: bool = False
+    response_type: bool = False
+
+    def args(self, scope: Scope, start: dict[str, Any] | None, latency_ms: float) -> tuple[object, ...]:
+        """The line's arguments, as BentoML's middleware formats them."""
+        client = scope.get("client")
+        request = [f"scheme={scope['scheme']}", f"method={scope.get('method', '')}", f"path={scope['path']}"]
+        if self.request_type or self.request_length:
+            sent = _content(scope["headers"])
+            request += [f"type={sent[1]}"] * self.request_type + [f"length={sent[0]}"] * self.request_length
+        response = [f"status={start['status'] if start else 0}"]
+        if self.response_type or self.response_length:
+            answered = _content(start["headers"] if start else [])
+            response += [f"type={answered[1]}"] * self.response_type + [f"length={answered[0]}"] * self.response_length
+        address = f"{client[0]}:{client[1]}" if client else "_"
+        return address, ",".join(request), ",".join(response), latency_ms
+
+
+def _content(headers: list[tuple[bytes, bytes]]) -> tuple[str, str]:
+    """(Content-Length, Content-Type) as sent, "" where absent."""
+    length, kind = b"", b""
+    for key, value in headers:
+        if key == b"content-length":
+            length = value
+        elif key == b"content-type":
+            kind = value
+    return length.decode("latin-1"), kind.decode("latin-1")
+
+
+class Entry(NamedTuple):
+    """What the loop hands the writer for one line."""
+
+    fields: LineFields
+    scope: Scope
+    start: dict[str, Any] | None  # the response's http.response.start message
+    latency_ms: float
+    created: float  # time.time() when the response ended
+    context: contextvars.Context
+
+
+class AccessLogWriter:
+    """Makes, filters and writes the lines `put` hands it, in a thread of its own."""
+
+    def __init__(self, filters: list[Any], handlers: list[logging.Handler], capacity: int = ACCESS_QUEUE_LINES) -> None:
+        self.entries: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
+        self.capacity = capacity
+        self.filters = logging.Filterer()  # the server handlers' filters, which read the request's context
+        for f in filters:
+            self.filters.addFilter(f)
+        self.handlers = handlers
+        self.dropped = 0
+        self._thread: threading.Thread | None = None
+
+    def put(self, entry: Entry) -> None:
+        """On the event loop: queue the line, or count it where the queue is full."""
+        if self.entries.qsize() >= self.capacity:
+            self.dropped += 1
+        else:
+            self.entries.put(entry)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._write_all, name="handoff-access-log", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Write the lines still queued, then end the thread."""
+        if self._thread is not None:
+            self.entries.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _write_all(self) -> None:
+        while (entry := self.entries.get()) is not None:
+            record = make_record(entry)
+            if entry.context.run(self._passes, record):
+                self._write(record)
+
+    def _passes(self, record: logging.LogRecord) -> bool:
+        return bool(LOGGER.filter(record)) and bool(self.filters.filter(record))
+
+    def _write(self, record: logging.LogRecord) -> None:
+        if self.dropped:
+            dropped, self.dropped = self.dropped, 0
+            note = copy.copy(record)  # with the fields BentoML's filters added, which its format prints
+            note.msg, note.args = f"{dropped} access-log line(s) dropped: the log's output did not keep up", ()
+            note.levelno, note.levelname, note.levelname_bracketed = logging.WARNING, "WARNING", "[WARNING]"
+            self._handle(note)
+        self._handle(record)
+
+    def _handle(self, record: logging.LogRecord) -> None:
+        for handler in self.handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
+def make_record(entry: Entry) -> logging.LogRecord:
+    """The line's record, dated when the response ended."""
+    args = entry.fields.args(entry.scope, entry.start, entry.latency_ms)
+    record = LOGGER.makeRecord(LOGGER.name, logging.INFO, __file__, 0, LINE, args, None)
+    record.created, record.msecs = entry.created, (entry.created - int(entry.created)) * 1000
+    return record
+
+
+_writer: AccessLogWriter | None = None  # set in the server's worker by write_access_log_off_the_loop()
+
+
+class AccessLine:
+    """Stands in for bentoml's AccessLogMiddleware, with its arguments and its line."""
+
+    def __init__(
+        self,
+        app: Any,
+        has_request_content_length: bool = False,
+        has_request_content_type: bool = False,
+        has_response_content_length: bool = False,
+        has_response_content_type: bool = False,
+        skip_paths: tuple[str, ...] | list[str] = (),
+    ) -> None:
+        self.app = app
+        self.fields = LineFields(
+            has_request_content_length, has_request_content_type, has_response_content_length, has_response_content_type
+        )
+        self.skip_paths = tuple(skip_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        logged = scope["type"] == "http" and LOGGER.isEnabledFor(logging.INFO)  # (the service has no websockets)
+        if not logged or scope["path"].startswith(self.skip_paths):
+            return await self.app(scope, receive, send)
+        began = time.perf_counter()
+        start: dict[str, Any] | None = None
+
+        async def logged_send(message: dict[str, Any]) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                latency_ms = max(time.perf_counter() - began, 0.0) * 1000
+                await send(message)
+                entry = Entry(self.fields, scope, start, latency_ms, time.time(), contextvars.copy_context())
+                if _writer is not None:
+                    _writer.put(entry)
+                else:
+                    LOGGER.handle(make_record(entry))
+                return
+            await send(message)
+
+        await self.app(scope, receive, logged_send)
+
+
+def replace_bentoml_access_log() -> None:
+    """Use AccessLine wherever BentoML would build its AccessLogMiddleware."""
+    from bentoml._internal.server.http import access
+
+    access.AccessLogMiddleware = AccessLine  # type: ignore[misc, assignment]
+
+
+def write_access_log_off_the_loop() -> AccessLogWriter | None:
+    """Write the `bentoml.access` lines from a thread: the same handlers, formats and destination. Returns the
+    writer, or None where BentoML has not configured its server logging (lines are then logged on the spot)."""
+    global _writer
+    parent = logging.getLogger("bentoml")
+    if _writer is not None or LOGGER.handlers or not parent.handlers or not LOGGER.propagate:
+        return None  # not BentoML's server configuration, or already moved
+    filters = [f for handler in parent.handlers for f in handler.filters]
+    handlers: list[logging.Handler] = []
+    for handler in parent.handlers:
+        if isinstance(handler, logging.StreamHandler):  # a copy without the filters, which the writer runs itself
+            writer_side = logging.StreamHandler(handler.stream)
+            writer_side.setLevel(handler.level)
+            writer_side.setFormatter(handler.formatter)
+            handler = writer_side
+        handlers.append(handler)
+    _writer = AccessLogWriter(filters, handlers)
+    _writer.start()
+    atexit.register(_writer.stop)  # the lines still queued are written before the worker exits
+    return _writer
