@@ -12,7 +12,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-import bentoml
+from bentoml import get_current_service  # resolved once: `bentoml.get_current_service` imports it on every use
 from bentoml.exceptions import BentoMLException
 
 from serve.front_door import MAX_DIGITS, Scope, Send, send_json, small_integer
@@ -59,7 +59,7 @@ async def _classify_answer(image: bytes, params: dict[str, list[str]]) -> dict[s
         raise RequestError(f"top_k is given {len(values)} times; send it once")
     if not small_integer(values[0]):
         raise RequestError(f"top_k must be a whole number of at most {MAX_DIGITS} digits")
-    return await bentoml.get_current_service().classify_upload(image, int(values[0]))
+    return await get_current_service().classify_upload(image, int(values[0]))
 
 
 async def classify_image(scope: Scope, image: bytes, params: dict[str, list[str]], send: Send) -> None:
@@ -72,7 +72,7 @@ async def classify_image(scope: Scope, image: bytes, params: dict[str, list[str]
 
 async def _predict_answer(body: bytes, params: dict[str, list[str]]) -> dict[str, Any]:
     _only_params(params, set())
-    return await bentoml.get_current_service().predict_json(body)
+    return await get_current_service().predict_json(body)
 
 
 async def predict_tensor(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:

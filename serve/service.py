@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import bentoml
 import numpy as np
+from bentoml import get_current_service
 from bentoml.exceptions import BentoMLException
 from bentoml.validators import ContentType
 from starlette.applications import Starlette
@@ -65,14 +66,14 @@ install_connection_limits(ConnectionLimits(CONFIG.max_connections, CONFIG.header
 
 
 async def _get_info(request: Request) -> JSONResponse:
-    return JSONResponse(bentoml.get_current_service().describe())
+    return JSONResponse(get_current_service().describe())
 
 
 async def _get_page(request: Request) -> FileResponse:
     return FileResponse(PAGE, media_type="text/html", headers=PAGE_HEADERS)
 
 
-PROTOCOL = ProtocolSurface(CONFIG.model_name, VERSION, bentoml.get_current_service)
+PROTOCOL = ProtocolSurface(CONFIG.model_name, VERSION, get_current_service)
 # GET / is a page to try the model in a browser, in place of BentoML's Swagger UI (the OpenAPI
 # document stays at /docs.json); the protocol's GET endpoints sit beside /info.
 info_app = Starlette(
@@ -365,7 +366,7 @@ SERVICE.add_asgi_middleware(
         "/predict": BodyRoute(
             frozenset({"application/json"}),
             predict_tensor,
-            max_bytes=lambda: bentoml.get_current_service().max_predict_bytes(),
+            max_bytes=lambda: get_current_service().max_predict_bytes(),
         ),
         **PROTOCOL.infer_routes(),
     },
