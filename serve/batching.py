@@ -52,9 +52,11 @@ Rows = np.ndarray | dict[str, np.ndarray]  # a classifier's one input, or any mo
 # The longest a batch waits for rows still being decoded, in decodes' time: 2 and 4 measured with
 # bench/phone_photos.py, 4 served more ("Phone photos" in docs/serve.md).
 HOLD_DECODES = 4
-# Holds only where a decode costs at least this many model calls, where a batch of one wastes most of a call.
-# With cheap decodes (400 x 300 JPEGs) the event loop is the bottleneck and batches fill while it works.
-DECODE_OVER_MODEL_CALL = 4
+# Holds only where a decode costs at least this share of a model call: there the model is cheap beside decoding
+# and the event loop, which keep the cores busy while it waits (the digits model on 400 x 300 JPEGs: a 1.4 ms
+# decode, a ~8 ms call; fuller batches, 1.02-1.05 x at c=64). Where a call costs far more (resnet18 at 224 px:
+# ~140 ms against a 3 ms decode) the model is the bottleneck, and a hold only idles it (0.85 x at c=16, A/B).
+DECODE_OVER_MODEL_CALL = 0.1
 
 
 class Upstream(Protocol):

@@ -14,12 +14,13 @@ from bentoml.exceptions import ServiceUnavailable
 from serve.batching import ModelBatcher
 
 
-def _times_ten_model() -> tuple[Callable[[np.ndarray], np.ndarray], list[int]]:
-    """A model that multiplies by ten, and the list of the batch sizes it was called with."""
+def _times_ten_model(seconds: float = 0.0) -> tuple[Callable[[np.ndarray], np.ndarray], list[int]]:
+    """A model that multiplies by ten (taking `seconds` a call), and the list of the batch sizes it was called with."""
     seen_batches: list[int] = []
 
     def model(batch: np.ndarray) -> np.ndarray:
         seen_batches.append(len(batch))
+        time.sleep(seconds)
         return batch * 10
 
     return model, seen_batches
@@ -252,3 +253,24 @@ def test_slow_decodes_cannot_stretch_the_hold_past_a_tenth_of_the_latency_budget
 
     held = anyio.run(go)
     assert seen_batches == [1, 1] and held < 1.5, (seen_batches, held)
+
+
+def test_a_model_that_costs_far_more_than_a_decode_is_never_held():
+    """Calls of 0.3 s beside decodes of 5 ms: the model is the bottleneck, and holding it for rows still being
+    decoded would only idle it, so a request that finds it idle runs at once, even behind a backlog."""
+    model, seen_batches = _times_ten_model(seconds=0.3)
+
+    async def go():
+        batcher = ModelBatcher(model, 16, 5000, upstream=_Decoders(8, seconds_each=0.005))
+        await batcher(np.zeros((1, 3)))  # the first batch: measures the model's time per call
+
+        async def call(delay: float):
+            await anyio.sleep(delay)
+            await batcher(np.zeros((1, 3)))
+
+        async with anyio.create_task_group() as tasks:
+            for i in range(3):
+                tasks.start_soon(call, 0.01 * i)
+
+    anyio.run(go)
+    assert seen_batches == [1, 1, 2], seen_batches
