@@ -34,6 +34,7 @@ LINE = "%s (%s) (%s) %.3fms"  # BentoML's: address (request) (response) latency
 ACCESS_QUEUE_LINES = 10_000  # lines waiting for the writer; past that (stdout blocked) they are counted, not kept
 WRITE_EVERY_S = 0.05  # the writer wakes at most this often, and writes what has gathered at once
 LOGGER = logging.getLogger("bentoml.access")
+log = logging.getLogger("bentoml.handoff.access_log")
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,15 @@ class AccessLogWriter:
                 return
 
     def _record(self, entry: Entry | None) -> logging.LogRecord | None:
-        """The entry's record with BentoML's filters run inside the request's context; None if one refuses it."""
+        """The entry's record with BentoML's filters run inside the request's context; None if one refuses it
+        (or fails: the line is lost, not the thread that writes every later one)."""
         assert entry is not None
-        record = make_record(entry)
-        return record if entry.context.run(self._passes, record) else None
+        try:
+            record = make_record(entry)
+            return record if entry.context.run(self._passes, record) else None
+        except Exception:  # noqa: BLE001 - a filter's or a field's fault
+            log.exception("an access-log line could not be made")
+            return None
 
     def _passes(self, record: logging.LogRecord) -> bool:
         return bool(LOGGER.filter(record)) and bool(self.filters.filter(record))

@@ -24,6 +24,13 @@ from typing import Any
 
 UNKNOWN = "/__unknown_path__"
 
+METRICS = {  # our short names for the attributes BentoML's middleware keeps its metrics in
+    "timestamp": "metrics_last_request_timestamp",
+    "in_progress": "metrics_request_in_progress",
+    "total": "metrics_request_total",
+    "duration": "metrics_request_duration",
+}
+
 
 def bound_metric_labels(known_paths: set[str]) -> None:
     from bentoml._internal.context import server_context
@@ -83,11 +90,3 @@ def bound_metric_labels(known_paths: set[str]) -> None:
                 in_progress.dec()
 
     instruments.RunnerTrafficMetricsMiddleware = BoundedPathMetrics  # type: ignore[misc]
-
-
-METRICS = {  # our short names for the attributes BentoML's middleware keeps its metrics in
-    "timestamp": "metrics_last_request_timestamp",
-    "in_progress": "metrics_request_in_progress",
-    "total": "metrics_request_total",
-    "duration": "metrics_request_duration",
-}

@@ -113,3 +113,22 @@ def test_the_access_line_is_bentomls_line():
             "(status=201,type=application/json,length=)"
         )
     )
+
+
+def test_a_line_that_cannot_be_made_is_lost_alone():
+    """A filter that fails on one line costs that line, not the writer thread that writes every later one."""
+
+    class FailsOnce(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if "/bad" in str(record.args):
+                raise ValueError("boom")
+            return True
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    writer = AccessLogWriter([FailsOnce()], [handler])
+    for path in ("/a", "/bad", "/b"):
+        writer.put(_entry(path))
+    writer.start()
+    writer.stop()
+    assert [line.split("path=")[1].split(")")[0] for line in out.getvalue().splitlines()] == ["/a", "/b"]
