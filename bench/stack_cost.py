@@ -81,17 +81,15 @@ def metrics_pair() -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
     shared._setup()
     metrics = {k: v for k, v in vars(shared).items() if k.startswith("metrics_") or k == "_is_setup"}
 
-    def theirs(app: Any) -> Any:
-        layer = theirs_class(app, namespace="bentoml_api_server", skip_paths=["/livez"])
-        vars(layer).update(metrics)
+    def sharing(cls: type) -> Callable[[Any], Any]:
+        def layer(app: Any) -> Any:
+            middleware = cls(app, namespace="bentoml_api_server", skip_paths=["/livez"])
+            vars(middleware).update(metrics)
+            return middleware
+
         return layer
 
-    def ours(app: Any) -> Any:
-        layer = ours_class(app, namespace="bentoml_api_server", skip_paths=["/livez"])
-        vars(layer).update(metrics)
-        return layer
-
-    return theirs, ours
+    return sharing(theirs_class), sharing(ours_class)
 
 
 def chains() -> dict[str, dict[str, Any]]:

@@ -45,6 +45,7 @@ def bound_metric_labels(known_paths: set[str]) -> None:
 
         def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(app, *args, **kwargs)
+            self.skipped = tuple(self.skip_paths)  # fixed once built; BentoML made this tuple on every request
             self.series: dict[tuple[str, str, int], Any] = {}  # (metric, path, status) -> its labelled series
 
         def _series(self, metric: str, endpoint: str, status: int = 0) -> Any:
@@ -69,7 +70,7 @@ def bound_metric_labels(known_paths: set[str]) -> None:
             if scope["type"] != "http" or scope["path"] == "/metrics":
                 return await super().__call__(scope, receive, send)
             endpoint = scope["path"] if scope["path"] in known_paths else UNKNOWN
-            if not endpoint.startswith(tuple(self.skip_paths)):
+            if not endpoint.startswith(self.skipped):
                 self._series("timestamp", "").set_to_current_time()
             started, status = default_timer(), 0
 

@@ -215,25 +215,27 @@ class _Decoders:
         return self.in_progress > self.threads
 
 
+async def _one_then_staggered(batcher: ModelBatcher, count: int) -> None:
+    """One call (it measures the model's time per call), then `count` calls 10 ms apart."""
+    await batcher(np.zeros((1, 3)))
+
+    async def call(delay: float):
+        await anyio.sleep(delay)
+        await batcher(np.zeros((1, 3)))
+
+    async with anyio.create_task_group() as tasks:
+        for i in range(count):
+            tasks.start_soon(call, 0.01 * i)
+
+
 @pytest.mark.parametrize("in_progress", [8, 2])
 def test_a_batch_waits_for_rows_still_being_decoded_only_while_decoders_are_backlogged(in_progress: int):
     """Requests arriving 10 ms apart at an idle model, behind decodes of 50 ms: with 8 requests in the decoders'
     hands (2 threads) the model waits and runs them as one batch; with 2 (no backlog) it runs each as it comes."""
     model, seen_batches = _times_ten_model()
 
-    async def go():
-        batcher = ModelBatcher(model, max_batch_size=16, max_latency_ms=5000, upstream=_Decoders(in_progress))
-        await batcher(np.zeros((1, 3)))  # the first batch: measures the model's time per call
-
-        async def call(delay: float):
-            await anyio.sleep(delay)
-            await batcher(np.zeros((1, 3)))
-
-        async with anyio.create_task_group() as tasks:
-            for i in range(4):
-                tasks.start_soon(call, 0.01 * i)
-
-    anyio.run(go)
+    batcher = ModelBatcher(model, max_batch_size=16, max_latency_ms=5000, upstream=_Decoders(in_progress))
+    anyio.run(_one_then_staggered, batcher, 4)
     if in_progress > 2:
         assert seen_batches == [1, 4], seen_batches
     else:  # each runs as it comes (two could share a batch only if the loop stalled for 10 ms)
@@ -260,17 +262,5 @@ def test_a_model_that_costs_far_more_than_a_decode_is_never_held():
     decoded would only idle it, so a request that finds it idle runs at once, even behind a backlog."""
     model, seen_batches = _times_ten_model(seconds=0.3)
 
-    async def go():
-        batcher = ModelBatcher(model, 16, 5000, upstream=_Decoders(8, seconds_each=0.005))
-        await batcher(np.zeros((1, 3)))  # the first batch: measures the model's time per call
-
-        async def call(delay: float):
-            await anyio.sleep(delay)
-            await batcher(np.zeros((1, 3)))
-
-        async with anyio.create_task_group() as tasks:
-            for i in range(3):
-                tasks.start_soon(call, 0.01 * i)
-
-    anyio.run(go)
+    anyio.run(_one_then_staggered, ModelBatcher(model, 16, 5000, upstream=_Decoders(8, seconds_each=0.005)), 3)
     assert seen_batches == [1, 1, 2], seen_batches
