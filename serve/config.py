@@ -77,7 +77,11 @@ class ServeConfig:
     header_timeout_s: int = _setting("HANDOFF_HEADER_TIMEOUT_S", 10, _env_int)
     """a request's headers must arrive within this of its first byte, or the connection is closed"""
     idle_timeout_s: int = _setting("HANDOFF_IDLE_TIMEOUT_S", 10, _env_int)
-    """a new connection that sends nothing for this long is closed (kept-alive ones: uvicorn's 5 s)"""
+    """a new connection that sends nothing for this long is closed (kept-alive ones: HANDOFF_KEEP_ALIVE_S)"""
+    keep_alive_s: int = _setting("HANDOFF_KEEP_ALIVE_S", 120, _env_int)
+    """a kept-alive connection idle this long between requests is closed; longer than the idle timeout of any
+    client or proxy in front (Go's and so KServe's queue-proxy 90 s, AWS ALB and nginx 60 s, httpx 5 s), so that
+    the client, not the server, closes an idle connection: a server closing one races the client's next request"""
     max_body_mb: int = _setting("HANDOFF_MAX_BODY_MB", 20, _env_int)
     max_pixels: int = _setting("HANDOFF_MAX_PIXELS", 40_000_000, _env_int)
     """decompression-bomb guard: larger images are refused before decoding"""
@@ -95,6 +99,7 @@ class ServeConfig:
             ("HANDOFF_MAX_CONNECTIONS", self.max_connections, 8),
             ("HANDOFF_HEADER_TIMEOUT_S", self.header_timeout_s, 1),
             ("HANDOFF_IDLE_TIMEOUT_S", self.idle_timeout_s, 1),
+            ("HANDOFF_KEEP_ALIVE_S", self.keep_alive_s, 1),
             ("HANDOFF_CPU_THREADS", self.model_threads(), 1),
         ):
             if value < least:

@@ -62,7 +62,9 @@ JSON = Annotated[dict[str, Any], ContentType("application/json")]
 
 
 install_log_filters()
-install_connection_limits(ConnectionLimits(CONFIG.max_connections, CONFIG.header_timeout_s, CONFIG.idle_timeout_s))
+install_connection_limits(
+    ConnectionLimits(CONFIG.max_connections, CONFIG.header_timeout_s, CONFIG.idle_timeout_s, CONFIG.keep_alive_s)
+)
 
 
 async def _get_info(request: Request) -> JSONResponse:

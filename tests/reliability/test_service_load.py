@@ -6,8 +6,9 @@
   the default request timeout (BentoML's own timeout middleware kept each request's context until the timeout
   had passed, so this soak once set 10 s; serve/deadline.py frees it when the request ends);
 - more concurrency than HANDOFF_MAX_CONCURRENCY: 429 at once, never a timeout, and the service recovers;
-- a request sent on a kept-alive connection just as the server's keep-alive timeout runs out is answered, or
-  the client sees the connection closed before it sends: never a reset (serve/connections.py).
+- a kept-alive connection outlasts uvicorn's own 5 s (HANDOFF_KEEP_ALIVE_S), so that clients close idle
+  connections first; a request sent just as the server's keep-alive timeout runs out is answered, or the
+  client sees the connection closed before it sends: never a reset (serve/connections.py).
 """
 
 from __future__ import annotations
@@ -204,62 +205,91 @@ def test_overload_is_refused_quickly_and_the_service_recovers(exported: Path, ea
         assert srv.status("/readyz") == 200
 
 
-KEEP_ALIVE_S = 5.0  # uvicorn's, which BentoML keeps
+UVICORN_KEEP_ALIVE_S = 5.0  # what BentoML's server would close an idle connection after, left alone
+KEEP_ALIVE_S = 3  # the deadline test's own server: short, to wait less
 
 
-def test_a_request_at_the_keep_alive_deadline_is_never_reset(server):
+def _raw_request(image: bytes) -> bytes:
+    request = httpx.Request("POST", "http://x/classify", files={"image": ("d.png", image)})
+    body = request.read()
+    head = f"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: {request.headers['content-type']}\r\n"
+    return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> bytes:
+    """Send one request and read its whole response; returns the status code."""
+    writer.write(raw)
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
+    await reader.readexactly(int(length.group(1)) if length else 0)
+    return head.split(b" ", 2)[1]
+
+
+def test_an_idle_connection_outlasts_uvicorns_keep_alive(server):
+    """The default keep-alive is longer than the clients' own idle timeouts (httpx drops a connection idle
+    for 5 s, the soak's client among them): left at uvicorn's 5 s, the server closed ~19 of the soak's 32
+    connections in each run of 1,000 requests, racing the client's next request on them."""
+    raw = _raw_request(png_bytes(digit_images(1)[0][0]))
+
+    async def twice() -> tuple[bytes, bool, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            first = await _exchange(reader, writer, raw)
+            await asyncio.sleep(UVICORN_KEEP_ALIVE_S + 1)
+            return first, _closed_by_peer(writer), await _exchange(reader, writer, raw)
+        finally:
+            writer.close()
+
+    first, closed, second = asyncio.run(twice())
+    assert (first, closed, second) == (b"200", False, b"200")
+
+
+def test_a_request_at_the_keep_alive_deadline_is_never_reset(exported: Path, tmp_path: Path):
     """300 connections each send a request, wait until about the keep-alive deadline and send another, while
     other clients keep the event loop busy. A client (httpx, a browser) checks a pooled connection for the
     server's end-of-stream before reusing it, as this one does; what it cannot survive is a reset for a request
     sent on a connection that looked open. Before serve/connections.py closed idle connections carefully, ~1
     in 40 of these was reset."""
     image = png_bytes(digit_images(1)[0][0])
-    request = httpx.Request("POST", f"{server.url}/classify", files={"image": ("d.png", image)})
-    raw = (
-        f"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: {request.headers['content-type']}\r\n"
-        f"Content-Length: {len(request.read())}\r\n\r\n"
-    ).encode() + request.read()
+    raw = _raw_request(image)
 
-    async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
-        writer.write(raw)
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
-        await reader.readexactly(int(length.group(1)) if length else 0)
-        return head.split(b" ", 2)[1]
-
-    async def probe(wait: float) -> str:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    async def probe(port: int, wait: float) -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            await exchange(reader, writer)
+            await _exchange(reader, writer, raw)
             await asyncio.sleep(wait)
             if _closed_by_peer(writer):
                 return "closed, seen before sending"
-            return f"answered {(await exchange(reader, writer)).decode()}"
+            return f"answered {(await _exchange(reader, writer, raw)).decode()}"
         except (ConnectionResetError, asyncio.IncompleteReadError) as err:
             return type(err).__name__
         finally:
             writer.close()
 
-    async def run() -> list[str]:
+    async def run(srv: Server) -> list[str]:
         busy = asyncio.Event()
 
         async def keep_busy(client: httpx.AsyncClient) -> None:
             while not busy.is_set():
-                await client.post(f"{server.url}/classify", files={"image": ("d.png", image)})
+                await client.post(f"{srv.url}/classify", files={"image": ("d.png", image)})
 
         async with httpx.AsyncClient(timeout=60) as client:
             loaders = [asyncio.create_task(keep_busy(client)) for _ in range(16)]
             rng = np.random.default_rng(0)
-            outcomes = await asyncio.gather(*(probe(KEEP_ALIVE_S + d) for d in rng.uniform(-0.15, 0.05, 300)))
+            waits = KEEP_ALIVE_S + rng.uniform(-0.15, 0.05, 300)
+            outcomes = await asyncio.gather(*(probe(srv.port, wait) for wait in waits))
             busy.set()
             await asyncio.gather(*loaders)
         return outcomes
 
-    outcomes = asyncio.run(run())
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_KEEP_ALIVE_S=str(KEEP_ALIVE_S)) as srv:
+        srv.wait_ready()
+        outcomes = asyncio.run(run(srv))
     counts = {outcome: outcomes.count(outcome) for outcome in sorted(set(outcomes))}
     print(f"\n300 requests sent around the {KEEP_ALIVE_S:g} s keep-alive deadline under load: {counts}")
     assert set(counts) <= {"answered 200", "closed, seen before sending"}, counts
     assert counts.get("answered 200", 0) > 100, "most were sent before the deadline"
+    assert counts.get("closed, seen before sending", 0) > 0, "HANDOFF_KEEP_ALIVE_S reached uvicorn"
 
 
 def _closed_by_peer(writer: asyncio.StreamWriter) -> bool:
