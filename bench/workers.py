@@ -2,12 +2,18 @@
 the floor peer, at high concurrency.
 
     python bench/workers.py [--device cpu|cuda] [--workers 1 2 4] [--concurrency 64 256] [--export DIR]
+                            [--arrangements]
 
 One event loop cannot feed a fast GPU: at ~1-3 ms of stack CPU per request, one worker answers a few hundred
 requests a second whatever the model does. `HANDOFF_WORKERS=N` starts N BentoML workers, each with its own
 ONNX Runtime session on the device (as Triton's instance groups do); this measures what N buys. On the CPU
 the workers share the cores (each worker's model runs on cores / N threads), so it measures what the extra
 event loop costs there; on a GPU it is the figure that picks the default (scripts/gpu_check.sh runs it).
+
+--arrangements answers which way N event loops should feed one device, on the floor peer (no BentoML, so
+that only the arrangement differs): `floor_N_sessions`, N workers each with its own session, against
+`floor_N_shared_model`, N workers that decode and send their rows to one model process holding the session
+(bench/peer/model_process.py). Server CPU counts every process of a side.
 
 Model: resnet18 at 224 px (random weights) unless --export. Load: raw JPEG bodies to /classify (the floor
 peer takes the same), by bench/load.py (wrk when installed, else httpx). Each round measures the limit, then
@@ -37,6 +43,9 @@ from harness.server import BentoServer  # noqa: E402
 def start(side: str, folder: Path, args: Any, log: Path) -> BentoServer:
     if side == "peer_floor":
         return floor_server(log, folder, args.device)
+    if side.startswith("floor_"):  # floor_N_sessions or floor_N_shared_model
+        count = int(side.split("_")[1])
+        return floor_server(log, folder, args.device, count, shared_model=side.endswith("shared_model"))
     workers = side.removeprefix("ours_").removesuffix("_workers")
     return BentoServer(
         log,
@@ -69,6 +78,11 @@ def main() -> int:
         default="fp32",
         help="int8: serve and time the export's model.int8.onnx (an --export made with --int8); no floor peer then",
     )
+    p.add_argument(
+        "--arrangements",
+        action="store_true",
+        help="also the floor with each worker count above 1, each worker its own session or one model process",
+    )
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="workers-bench-"))
@@ -77,6 +91,8 @@ def main() -> int:
     model = InProcessModel(folder, args.device, "model.int8.onnx" if args.precision == "int8" else "model.onnx")
     floor = ["peer_floor"] if args.precision == "fp32" else []  # the floor serves model.onnx only
     sides = [f"ours_{n}_workers" for n in args.workers] + floor
+    if args.arrangements:
+        sides += [f"floor_{n}_{way}" for n in args.workers if n > 1 for way in ("sessions", "shared_model")]
     rounds: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
         this_round: dict[str, Any] = {"limit": limit_round(model, jpegs, args.seconds)}
@@ -96,10 +112,10 @@ def main() -> int:
                 f"p99 {r['p99_ms']:6.1f} ms  server CPU {r['server_cpu_ms_per_image']:4.1f} ms/image  "
                 f"errors {r['errors']:.0f}"
             )
-            print(f"{side:<15} c={c:<4} {line}")
+            print(f"{side:<22} c={c:<4} {line}")
             figures[f"{side} c={c}"] = line
     write_result(
-        f"workers_{args.device}" + ("_int8" if args.precision == "int8" else ""),
+        f"workers_{args.device}{'_int8' if args.precision == 'int8' else ''}{'_arrangements' * args.arrangements}",
         {
             "device": args.device,
             "precision": args.precision,

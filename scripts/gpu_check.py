@@ -309,18 +309,20 @@ def serving_benchmark(
 
 
 def workers_per_device(out: Path, folder: str, device: str, dry_run: bool) -> dict[str, Any]:
-    """HANDOFF_WORKERS 1, 2 and 4 on one device at c=64 and c=256 against the limit and the floor peer
-    (bench/workers.py): the measurement that picks the default workers per GPU."""
+    """HANDOFF_WORKERS 1, 2 and 4 on one device at c=64 and c=256 against the limit and the floor peer, and the
+    floor's workers each with a session on the device or all feeding one model process (bench/workers.py
+    --arrangements): the measurements that pick the default workers per GPU and how they share it."""
     workers, levels, seconds, rounds = (
         (["1", "2"], ["16"], "2", "1") if dry_run else (["1", "2", "4"], ["64", "256"], "6", "2")
     )
     sh(
         [sys.executable, "bench/workers.py", "--device", device, "--export", folder, "--workers", *workers]
-        + ["--concurrency", *levels, "--seconds", seconds, "--rounds", rounds, "--results-dir", str(out)],
+        + ["--concurrency", *levels, "--seconds", seconds, "--rounds", rounds, "--results-dir", str(out)]
+        + ["--arrangements"],
         out / "workers.log",
         timeout=900,
     )
-    return json.loads((out / f"workers_{device}.json").read_text())["figures"]
+    return json.loads((out / f"workers_{device}_arrangements.json").read_text())["figures"]
 
 
 def tensorrt(out: Path, folder: str) -> dict[str, Any]:

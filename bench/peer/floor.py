@@ -3,14 +3,24 @@ same decoding (train/pil_transform.py, one decode per core at a time), the same 
 the same ONNX Runtime session settings as the service, and nothing else: no BentoML, no middleware, no limits,
 no metrics, no access log. Used by bench/serve_throughput.py as the side `peer_floor`.
 
-    python bench/peer/floor.py MODEL_DIR cpu|cuda PORT
+    python bench/peer/floor.py MODEL_DIR cpu|cuda [--workers N [--shared-model]] PORT
 
 POST /classify takes the JPEG as the body and answers {"index": top-1}; GET /readyz answers 200 once loaded.
+With N workers (bench/workers.py), each is a uvicorn process with its own event loop and decoders, and either
+its own ONNX Runtime session on its share of the cores, or, with --shared-model, none: all send their rows to
+one model process (bench/peer/model_process.py) that holds the session and batches across them.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import os
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +31,7 @@ from starlette.routing import Route
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from bench.peer.model_process import ModelClient  # noqa: E402
 from export.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
 from harness.server import ScriptServer  # noqa: E402
 from serve.batching import ModelBatcher  # noqa: E402
@@ -30,49 +41,105 @@ from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
 from train.pil_transform import Preprocessor  # noqa: E402
 
 
-def app(folder: Path, device: str) -> Starlette:
-    import onnxruntime as ort
+class SessionModel:
+    """This worker's own ONNX Runtime session behind the service's batcher."""
 
-    session = ort.InferenceSession(str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device))
+    def __init__(self, folder: Path, device: str, threads: int | None, decoders: DecodePool) -> None:
+        import onnxruntime as ort
+
+        options = onnx_session_options(threads)
+        self.session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=onnx_providers(device))
+        self.decoders = decoders
+        self.batcher: ModelBatcher | None = None
+        self.provider = self.session.get_providers()[0]
+
+    async def __call__(self, rows: np.ndarray) -> np.ndarray:
+        if self.batcher is None:  # on the server's loop, at the first request
+            self.batcher = ModelBatcher(self._run, 32, 10_000, upstream=self.decoders)
+        return await self.batcher(rows)
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"input": batch})[0]
+
+
+def app(folder: Path, device: str, workers: int = 1, model_socket: str | None = None) -> Starlette:
+    """One worker's app; `model_socket`: the model process to send rows to, instead of a session of its own."""
+    share = max(1, usable_cores() // workers)  # the service's split of the cores among its workers
     manifest = read_manifest_unchecked(folder)
     pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
     fast = fast_decode_passed(manifest)  # decoding as the service does by default
-    decoders = DecodePool(usable_cores())
-    state: dict[str, ModelBatcher] = {}
-
-    def run(batch: np.ndarray) -> np.ndarray:
-        return session.run(None, {"input": batch})[0]
+    decoders = DecodePool(share)
+    if model_socket:
+        model: ModelClient | SessionModel = ModelClient(model_socket)
+    else:  # one worker: ONNX Runtime's own thread count, as the service's
+        model = SessionModel(folder, device, share if workers > 1 else None, decoders)
 
     async def classify(request: Request) -> JSONResponse:
         body = await request.body()
         row = await decoders.run(lambda: pre(pre.decode(body, fast=fast)))
-        if "batcher" not in state:  # on the server's loop, at the first request
-            state["batcher"] = ModelBatcher(run, 32, 10_000, upstream=decoders)
-        logits = await state["batcher"](row[None])
+        logits = await model(row[None])
         return JSONResponse({"index": int(logits[0].argmax())})
 
     async def ready(request: Request) -> Response:
         return Response(status_code=200)
 
     async def provider(request: Request) -> JSONResponse:
-        return JSONResponse({"provider": session.get_providers()[0]})
+        return JSONResponse({"provider": model.provider})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        if isinstance(model, ModelClient):
+            await model.connect()  # on this worker's event loop
+        yield
 
     return Starlette(
+        lifespan=lifespan,
         routes=[
             Route("/classify", classify, methods=["POST"]),
             Route("/readyz", ready),
             Route("/provider", provider, methods=["POST"]),
-        ]
+        ],
     )
 
 
-def floor_server(log: Path, folder: Path, device: str) -> ScriptServer:
+def app_from_env() -> Starlette:
+    """uvicorn's factory for each of several workers (they are started by import string, not by object)."""
+    env = os.environ
+    return app(Path(env["FLOOR_MODEL_DIR"]), env["FLOOR_DEVICE"], int(env["FLOOR_WORKERS"]), env.get("FLOOR_SOCKET"))
+
+
+def floor_server(log: Path, folder: Path, device: str, workers: int = 1, shared_model: bool = False) -> ScriptServer:
     """The floor started as a process, with the interface the benchmarks use for BentoML servers."""
-    return ScriptServer(log, Path(__file__), str(folder), device)
+    more = ["--workers", str(workers)] + (["--shared-model"] if shared_model else [])
+    return ScriptServer(log, Path(__file__), str(folder), device, *more)
+
+
+def _start_model_process(folder: Path, device: str) -> str:
+    """bench/peer/model_process.py on a fresh Unix socket, once it listens; it dies with this process's group."""
+    path = str(Path(tempfile.mkdtemp(prefix="floor-model-")) / "model.sock")
+    script = Path(__file__).with_name("model_process.py")
+    subprocess.Popen([sys.executable, str(script), str(folder), device, path])
+    while not os.path.exists(path):
+        time.sleep(0.05)
+    return path
 
 
 if __name__ == "__main__":
     import uvicorn
 
-    folder, device, port = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    uvicorn.run(app(folder, device), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    p = argparse.ArgumentParser()
+    p.add_argument("folder", type=Path)
+    p.add_argument("device", choices=("cpu", "cuda"))
+    p.add_argument("port", type=int)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--shared-model", action="store_true")
+    args = p.parse_intermixed_args()
+    serving = {"host": "127.0.0.1", "port": args.port, "log_level": "warning", "access_log": False}
+    if args.workers == 1 and not args.shared_model:
+        uvicorn.run(app(args.folder, args.device), **serving)
+    else:
+        os.environ.update(FLOOR_MODEL_DIR=str(args.folder), FLOOR_DEVICE=args.device, FLOOR_WORKERS=str(args.workers))
+        if args.shared_model:
+            os.environ["FLOOR_SOCKET"] = _start_model_process(args.folder, args.device)
+        os.environ["PYTHONPATH"] = str(ROOT)  # the workers import this module by name
+        uvicorn.run("bench.peer.floor:app_from_env", factory=True, workers=args.workers, **serving)

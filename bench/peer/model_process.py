@@ -1,0 +1,98 @@
+"""One model process fed by several HTTP workers: the other way to put N event loops in front of one device
+(issue 33, item 4), built to measure it against N workers that each hold their own session.
+
+The model process holds the one ONNX Runtime session and the batcher (serve/batching.py) and listens on a Unix
+socket; each HTTP worker decodes its images, sends the rows there and awaits the logits. A frame each way:
+
+    request:  id (u64), the rows' shape N, C, H, W (4 x u32), then N*C*H*W float32
+    response: id (u64), byte count (u32), then the logits as float32
+
+Each worker keeps one connection and many requests in flight on it, answered by id in any order. The batcher
+here cannot see the workers' decoders (they are in other processes), so it never holds a batch for rows still
+being decoded, as the service's can.
+
+    python bench/peer/model_process.py MODEL_DIR cpu|cuda SOCKET
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from serve.batching import ModelBatcher  # noqa: E402
+from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+
+REQUEST = struct.Struct("<Q4I")
+RESPONSE = struct.Struct("<QI")
+
+
+async def serve_model(folder: Path, device: str, path: str) -> None:
+    """Answer rows sent to the Unix socket `path` with the model's logits, batching across every connection."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device))
+    batcher = ModelBatcher(lambda rows: session.run(None, {"input": rows})[0], 32, 10_000)
+    answering: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def answer(request_id: int, rows: np.ndarray) -> None:
+            logits = np.ascontiguousarray(await batcher(rows), dtype=np.float32).tobytes()
+            writer.write(RESPONSE.pack(request_id, len(logits)) + logits)
+
+        while True:
+            try:
+                request_id, *shape = REQUEST.unpack(await reader.readexactly(REQUEST.size))
+                data = await reader.readexactly(4 * int(np.prod(shape)))
+            except asyncio.IncompleteReadError:  # the worker went away
+                return
+            task = asyncio.create_task(answer(request_id, np.frombuffer(data, np.float32).reshape(shape)))
+            answering.add(task)
+            task.add_done_callback(answering.discard)
+
+    server = await asyncio.start_unix_server(connection, path)
+    async with server:
+        await server.serve_forever()
+
+
+class ModelClient:
+    """In an HTTP worker: `await client(rows)` -> the model process's logits for those rows."""
+
+    provider = "model process"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.ids = itertools.count()
+        self.waiting: dict[int, asyncio.Future[np.ndarray]] = {}
+        self.writer: asyncio.StreamWriter | None = None
+        self.reading: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        """On the worker's own event loop, before its first request."""
+        reader, self.writer = await asyncio.open_unix_connection(self.path)
+        self.reading = asyncio.create_task(self._read(reader))
+
+    async def __call__(self, rows: np.ndarray) -> np.ndarray:
+        assert self.writer is not None, "connect() first"
+        request_id = next(self.ids)
+        answer = self.waiting[request_id] = asyncio.get_running_loop().create_future()
+        self.writer.write(REQUEST.pack(request_id, *rows.shape) + np.ascontiguousarray(rows, np.float32).tobytes())
+        return (await answer).reshape(len(rows), -1)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            request_id, size = RESPONSE.unpack(await reader.readexactly(RESPONSE.size))
+            logits = np.frombuffer(await reader.readexactly(size), np.float32)
+            self.waiting.pop(request_id).set_result(logits)
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.run(serve_model(Path(sys.argv[1]), sys.argv[2], sys.argv[3]))
