@@ -118,8 +118,10 @@ def _start_model_process(folder: Path, device: str) -> str:
     """bench/peer/model_process.py on a fresh Unix socket, once it listens; it dies with this process's group."""
     path = str(Path(tempfile.mkdtemp(prefix="floor-model-")) / "model.sock")
     script = Path(__file__).with_name("model_process.py")
-    subprocess.Popen([sys.executable, str(script), str(folder), device, path])
+    process = subprocess.Popen([sys.executable, str(script), str(folder), device, path])
     while not os.path.exists(path):
+        if process.poll() is not None:
+            raise SystemExit(f"the model process exited with {process.returncode} before it listened")
         time.sleep(0.05)
     return path
 

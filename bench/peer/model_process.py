@@ -86,10 +86,14 @@ class ModelClient:
         return (await answer).reshape(len(rows), -1)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        while True:
-            request_id, size = RESPONSE.unpack(await reader.readexactly(RESPONSE.size))
-            logits = np.frombuffer(await reader.readexactly(size), np.float32)
-            self.waiting.pop(request_id).set_result(logits)
+        try:
+            while True:
+                request_id, size = RESPONSE.unpack(await reader.readexactly(RESPONSE.size))
+                logits = np.frombuffer(await reader.readexactly(size), np.float32)
+                self.waiting.pop(request_id).set_result(logits)
+        except asyncio.IncompleteReadError:  # the model process is gone: fail what waits, not hang it
+            for answer in self.waiting.values():
+                answer.set_exception(ConnectionError("the model process closed its socket"))
 
 
 if __name__ == "__main__":
