@@ -308,16 +308,15 @@ def serving_benchmark(
     }
 
 
-def workers_per_device(out: Path, folder: str, device: str, dry_run: bool) -> dict[str, Any]:
+def workers_per_device(out: Path, folder: str, device: str, dry_run: bool, rounds: int | None) -> dict[str, Any]:
     """HANDOFF_WORKERS 1, 2 and 4 on one device at c=64 and c=256 against the limit and the floor peer, and the
     floor's workers each with a session on the device or all feeding one model process (bench/workers.py
     --arrangements): the measurements that pick the default workers per GPU and how they share it."""
-    workers, levels, seconds, rounds = (
-        (["1", "2"], ["16"], "2", "1") if dry_run else (["1", "2", "4"], ["64", "256"], "6", "2")
-    )
+    workers, levels, seconds = (["2"], ["16"], "2") if dry_run else (["1", "2", "4"], ["64", "256"], "6")
+    times = str(rounds or (1 if dry_run else 2))  # --bench-rounds shortens this step too
     sh(
         [sys.executable, "bench/workers.py", "--device", device, "--export", folder, "--workers", *workers]
-        + ["--concurrency", *levels, "--seconds", seconds, "--rounds", rounds, "--results-dir", str(out)]
+        + ["--concurrency", *levels, "--seconds", seconds, "--rounds", times, "--results-dir", str(out)]
         + ["--arrangements"],
         out / "workers.log",
         timeout=900,
@@ -361,7 +360,12 @@ def main() -> int:
     p.add_argument("--dry-run-cpu", action="store_true", help="run every step on the CPU, smaller (what CI runs)")
     p.add_argument("--arch", default=None, help="model exported and served (default: resnet50; resnet18 in a dry run)")
     p.add_argument("--bench-seconds", type=float, default=None, help="each load window (default: 8; 2 in a dry run)")
-    p.add_argument("--bench-rounds", type=int, default=None, help="serving rounds (default: 3; 1 in a dry run)")
+    p.add_argument(
+        "--bench-rounds",
+        type=int,
+        default=None,
+        help="serving rounds, and the workers step's (default: 3 and 2; 1 in a dry run)",
+    )
     args = p.parse_args()
     device = "cpu" if args.dry_run_cpu else "cuda"
     arch = args.arch or ("resnet18" if args.dry_run_cpu else "resnet50")
@@ -396,7 +400,10 @@ def main() -> int:
         report.run(
             "serving benchmark", lambda: serving_benchmark(args.out, fp32["folder"], device, seconds, rounds, sides)
         )
-        report.run("workers per device", lambda: workers_per_device(args.out, fp32["folder"], device, args.dry_run_cpu))
+        report.run(
+            "workers per device",
+            lambda: workers_per_device(args.out, fp32["folder"], device, args.dry_run_cpu, args.bench_rounds),
+        )
         report.run("TensorRT execution provider", lambda: tensorrt(args.out, fp32["folder"]))
     report.run(
         "any model (a text classifier) exported and served on the device", lambda: any_model_on_device(args.out, device)

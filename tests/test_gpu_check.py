@@ -49,7 +49,7 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     bench = steps["serving benchmark"]
     assert set(bench["ours"]) == {"1", "16", "64"} and all(r["errors"] == 0 for r in bench["ours"].values())
     workers = steps["workers per device"]
-    sides = {"ours_1_workers", "ours_2_workers", "peer_floor", "floor_2_sessions", "floor_2_shared_model"}
+    sides = {"ours_2_workers", "peer_floor", "floor_2_sessions", "floor_2_shared_model"}
     assert set(workers) == {f"{side} c=16" for side in sides}
     assert all(line.endswith("errors 0") for line in workers.values()), workers
     trt = steps["TensorRT execution provider"]
