@@ -23,7 +23,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,35 +30,12 @@ from starlette.routing import Route
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from bench.peer.model_process import ModelClient  # noqa: E402
+from bench.peer.model_process import ModelClient, SessionModel  # noqa: E402
 from export.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
 from harness.server import ScriptServer  # noqa: E402
-from serve.batching import ModelBatcher  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
 from serve.decode_pool import DecodePool  # noqa: E402
-from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
 from train.pil_transform import Preprocessor  # noqa: E402
-
-
-class SessionModel:
-    """This worker's own ONNX Runtime session behind the service's batcher."""
-
-    def __init__(self, folder: Path, device: str, threads: int | None, decoders: DecodePool) -> None:
-        import onnxruntime as ort
-
-        options = onnx_session_options(threads)
-        self.session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=onnx_providers(device))
-        self.decoders = decoders
-        self.batcher: ModelBatcher | None = None
-        self.provider = self.session.get_providers()[0]
-
-    async def __call__(self, rows: np.ndarray) -> np.ndarray:
-        if self.batcher is None:  # on the server's loop, at the first request
-            self.batcher = ModelBatcher(self._run, 32, 10_000, upstream=self.decoders)
-        return await self.batcher(rows)
-
-    def _run(self, batch: np.ndarray) -> np.ndarray:
-        return self.session.run(None, {"input": batch})[0]
 
 
 def app(folder: Path, device: str, workers: int = 1, model_socket: str | None = None) -> Starlette:

@@ -27,23 +27,43 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from serve.batching import ModelBatcher  # noqa: E402
+from serve.decode_pool import DecodePool  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
 
 REQUEST = struct.Struct("<Q4I")
 RESPONSE = struct.Struct("<QI")
 
 
+class SessionModel:
+    """An ONNX Runtime session behind the service's batcher: the model process's, or a floor worker's own.
+    `decoders`: where the rows are decoded, when in this process (the batcher may then hold for them)."""
+
+    def __init__(self, folder: Path, device: str, threads: int | None, decoders: DecodePool | None = None) -> None:
+        import onnxruntime as ort
+
+        options = onnx_session_options(threads)
+        self.session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=onnx_providers(device))
+        self.decoders = decoders
+        self.batcher: ModelBatcher | None = None
+        self.provider = self.session.get_providers()[0]
+
+    async def __call__(self, rows: np.ndarray) -> np.ndarray:
+        if self.batcher is None:  # on the server's loop, at the first request
+            self.batcher = ModelBatcher(self._run, 32, 10_000, upstream=self.decoders)
+        return await self.batcher(rows)
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"input": batch})[0]
+
+
 async def serve_model(folder: Path, device: str, path: str) -> None:
     """Answer rows sent to the Unix socket `path` with the model's logits, batching across every connection."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device))
-    batcher = ModelBatcher(lambda rows: session.run(None, {"input": rows})[0], 32, 10_000)
+    model = SessionModel(folder, device, threads=None)
     answering: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
     async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async def answer(request_id: int, rows: np.ndarray) -> None:
-            logits = np.ascontiguousarray(await batcher(rows), dtype=np.float32).tobytes()
+            logits = np.ascontiguousarray(await model(rows), dtype=np.float32).tobytes()
             writer.write(RESPONSE.pack(request_id, len(logits)) + logits)
 
         while True:
