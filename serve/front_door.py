@@ -28,6 +28,8 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from serve.form import BadForm, read_form
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -37,7 +39,6 @@ BodyHandler = Callable[[Scope, bytes, dict[str, list[str]], Send], Awaitable[Non
 
 log = logging.getLogger("bentoml.handoff.front_door")
 
-MAX_DIGITS = 6
 READING_PER_SLOT = 4
 MULTIPART = "multipart/form-data"
 
@@ -57,66 +58,6 @@ async def send_json(send: Send, status: int, payload: dict[str, Any], close: boo
 
 async def _json_error(send: Send, status: int, message: str, close: bool = False) -> None:
     await send_json(send, status, {"error": message}, close)
-
-
-def _replay(body: bytes) -> Receive:
-    """A `receive` that hands the buffered body to the app once, then reports the client gone."""
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
-
-
-def small_integer(value: object) -> bool:
-    """A short decimal integer in ASCII digits. Python refuses to parse integers of thousands of digits, and
-    str.isdigit() also admits '²' and '①', which int() then refuses: both would escape as a ValueError."""
-    text = value.strip() if isinstance(value, str) else ""
-    digits = text[1:] if text[:1] in ("+", "-") else text
-    return digits.isascii() and digits.isdigit() and len(text) <= MAX_DIGITS
-
-
-class BadForm(ValueError):
-    """What is wrong with a multipart body, in words the client can act on (answered with 400)."""
-
-
-async def read_form(scope: Scope, body: bytes, fields: dict[str, str]) -> tuple[bytes, dict[str, list[str]]]:
-    """A multipart body checked against its route's fields (unknown, missing, repeated, a text where a file
-    belongs): the file field's bytes and the other fields' values. Raises BadForm."""
-    from starlette.requests import Request
-
-    try:
-        form = await Request(scope, _replay(body)).form()
-    except Exception as err:  # noqa: BLE001 - any parse failure is the client's malformed body
-        raise BadForm(f"malformed multipart body ({err})") from None
-    try:
-        unknown = sorted(set(form.keys()) - set(fields))
-        if unknown:
-            raise BadForm(f"unknown field(s) {', '.join(unknown)}; expected {', '.join(fields)}")
-        file, params = b"", {}
-        for name, kind in fields.items():
-            values = form.getlist(name)
-            if len(values) > 1:  # two readers could pick different ones: refuse the ambiguity
-                raise BadForm(f"field '{name}' is given {len(values)} times; send it once")
-            value = values[0] if values else None
-            if kind == "file":
-                if value is None:
-                    raise BadForm(f"missing file field '{name}'")
-                if isinstance(value, str):
-                    raise BadForm(f"field '{name}' must be a file upload")
-                file = await value.read()
-            elif value is not None:
-                if kind == "integer" and not small_integer(value):
-                    raise BadForm(f"field '{name}' must be a whole number of at most {MAX_DIGITS} digits")
-                params[name] = [str(value)]
-        return file, params
-    finally:
-        await form.close()
 
 
 @dataclass(frozen=True)
@@ -209,7 +150,7 @@ class FrontDoor:
             return await self._refuse(send, limit)
         if sent == MULTIPART:
             try:
-                body, params = await read_form(scope, body, route.form_fields)
+                body, params = read_form(headers.get(b"content-type", b"").decode("latin-1"), body, route.form_fields)
             except BadForm as err:
                 return await _json_error(send, 400, str(err))
         else:  # any other body's parameters are its query string's

@@ -15,7 +15,8 @@ from typing import Any
 from bentoml import get_current_service  # resolved once: `bentoml.get_current_service` imports it on every use
 from bentoml.exceptions import BentoMLException
 
-from serve.front_door import MAX_DIGITS, Scope, Send, send_json, small_integer
+from serve.form import MAX_DIGITS, small_integer
+from serve.front_door import Scope, Send, send_json
 from serve.logs import CLIENT_ERROR, client_error_args
 
 log = logging.getLogger("bentoml.handoff")

@@ -4,7 +4,8 @@ import anyio
 import httpx
 import pytest
 
-from serve.front_door import MULTIPART, BodyRoute, FrontDoor, Slots, small_integer
+from serve.form import small_integer
+from serve.front_door import MULTIPART, BodyRoute, FrontDoor, Slots
 
 FIELDS = {"image": "file", "top_k": "integer"}
 
