@@ -24,7 +24,8 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
   (HANDOFF_WORKERS; each worker's model then runs on one thread);
 - at_NAME (with --baseline DIR): the service of another checkout of handoff (`git worktree add DIR COMMIT`),
-  served and loaded as ours_raw_body: the A/B of a change to the service, in the same rounds.
+  served and loaded as ours_raw_body (or, with --baseline-form multipart, as ours): the A/B of a change to the
+  service, in the same rounds.
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
 round and reverses every other round: bench/results.side_order); figures are medians over rounds, and each side
 at c=64 is also divided by its own round's limit, round by round (paired, so drift between rounds cancels).
@@ -130,9 +131,9 @@ def served_provider(name: str, server: BentoServer) -> str:
     return httpx.post(f"{server.url}/provider", json={}, timeout=10).json()["provider"]
 
 
-def requests_for(name: str, folder: Path, jpegs: list[bytes]) -> list[Upload]:
+def requests_for(name: str, folder: Path, jpegs: list[bytes], baseline_form: str = "raw") -> list[Upload]:
     """What side `name` sends for each JPEG: its form of the same images."""
-    form = "raw" if name.startswith(BASELINE) else FORM.get(name, "multipart")
+    form = baseline_form if name.startswith(BASELINE) else FORM.get(name, "multipart")
     if form != "oip_tensor":
         return uploads(jpegs, form)
     preprocess = Preprocessor.from_manifest(read_manifest(folder)["preprocess"], max_pixels=10**9)
@@ -145,7 +146,7 @@ def measure_service(
     with start(name, folder, device, log, checkout) as server:
         result: dict[str, Any] = {"ready_s": server.wait_ready()}  # launch to /readyz 200, warm-up included
         assert_provider(name, [served_provider(name, server)], device)
-        requests = requests_for(name, folder, jpegs)
+        requests = requests_for(name, folder, jpegs, args.baseline_form)
         result.update(load_levels(args.client, server.url, server.proc.pid, requests, CONCURRENCY, args.seconds))
         return result
 
@@ -165,6 +166,12 @@ def main() -> int:
         nargs="+",
         default=[],
         help="also serve these checkouts of handoff (git worktree add DIR COMMIT) as sides at_DIRNAME",
+    )
+    p.add_argument(
+        "--baseline-form",
+        choices=("raw", "multipart"),
+        default="raw",
+        help="what the --baseline sides are sent: raw JPEG bodies (as ours_raw_body) or the multipart form (as ours)",
     )
     args = p.parse_args()
     checkouts = {f"{BASELINE}{path.name}": path.resolve() for path in args.baseline}

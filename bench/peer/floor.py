@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -90,16 +91,24 @@ def floor_server(log: Path, folder: Path, device: str, workers: int = 1, shared_
     return ScriptServer(log, Path(__file__), str(folder), device, *more)
 
 
-def _start_model_process(folder: Path, device: str) -> str:
-    """bench/peer/model_process.py on a fresh Unix socket, once it listens; it dies with this process's group."""
-    path = str(Path(tempfile.mkdtemp(prefix="floor-model-")) / "model.sock")
+@contextlib.contextmanager
+def _model_process(folder: Path, device: str) -> Iterator[str]:
+    """bench/peer/model_process.py on a Unix socket in a fresh folder: the socket's path once it listens. On the
+    way out the process is stopped and the folder (this function's own) removed."""
+    socket_folder = Path(tempfile.mkdtemp(prefix="floor-model-"))
+    path = str(socket_folder / "model.sock")
     script = Path(__file__).with_name("model_process.py")
     process = subprocess.Popen([sys.executable, str(script), str(folder), device, path])
-    while not os.path.exists(path):
-        if process.poll() is not None:
-            raise SystemExit(f"the model process exited with {process.returncode} before it listened")
-        time.sleep(0.05)
-    return path
+    try:
+        while not os.path.exists(path):
+            if process.poll() is not None:
+                raise SystemExit(f"the model process exited with {process.returncode} before it listened")
+            time.sleep(0.05)
+        yield path
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        shutil.rmtree(socket_folder)
 
 
 if __name__ == "__main__":
@@ -117,7 +126,8 @@ if __name__ == "__main__":
         uvicorn.run(app(args.folder, args.device), **serving)
     else:
         os.environ.update(FLOOR_MODEL_DIR=str(args.folder), FLOOR_DEVICE=args.device, FLOOR_WORKERS=str(args.workers))
-        if args.shared_model:
-            os.environ["FLOOR_SOCKET"] = _start_model_process(args.folder, args.device)
         os.environ["PYTHONPATH"] = str(ROOT)  # the workers import this module by name
-        uvicorn.run("bench.peer.floor:app_from_env", factory=True, workers=args.workers, **serving)
+        with contextlib.ExitStack() as stack:
+            if args.shared_model:
+                os.environ["FLOOR_SOCKET"] = stack.enter_context(_model_process(args.folder, args.device))
+            uvicorn.run("bench.peer.floor:app_from_env", factory=True, workers=args.workers, **serving)

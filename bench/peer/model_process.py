@@ -5,7 +5,11 @@ The model process holds the one ONNX Runtime session and the batcher (serve/batc
 socket; each HTTP worker decodes its images, sends the rows there and awaits the logits. A frame each way:
 
     request:  id (u64), the rows' shape N, C, H, W (4 x u32), then N*C*H*W float32
-    response: id (u64), byte count (u32), then the logits as float32
+    response: id (u64), byte count (u32), then the logits as float32; FAILED as the count: no logits (the
+              batcher refused or the model raised), and the worker's request fails
+
+A frame whose shape is not the model's (C, H, W) or holds more than MAX_ROWS rows closes its connection before
+any of its data is read.
 
 Each worker keeps one connection and many requests in flight on it, answered by id in any order. The batcher
 here cannot see the workers' decoders (they are in other processes), so it never holds a batch for rows still
@@ -32,6 +36,8 @@ from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
 
 REQUEST = struct.Struct("<Q4I")
 RESPONSE = struct.Struct("<QI")
+FAILED = 0xFFFFFFFF
+MAX_ROWS = 32  # a worker sends one request's rows: one image each
 
 
 class SessionModel:
@@ -46,6 +52,7 @@ class SessionModel:
         self.decoders = decoders
         self.batcher: ModelBatcher | None = None
         self.provider = self.session.get_providers()[0]
+        self.row_shape = tuple(self.session.get_inputs()[0].shape[1:])  # (C, H, W): fixed for an image classifier
 
     async def __call__(self, rows: np.ndarray) -> np.ndarray:
         if self.batcher is None:  # on the server's loop, at the first request
@@ -63,15 +70,23 @@ async def serve_model(folder: Path, device: str, path: str) -> None:
 
     async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async def answer(request_id: int, rows: np.ndarray) -> None:
-            logits = np.ascontiguousarray(await model(rows), dtype=np.float32).tobytes()
+            try:
+                logits = np.ascontiguousarray(await model(rows), dtype=np.float32).tobytes()
+            except Exception:  # noqa: BLE001 - whatever failed, the worker's request fails instead of waiting
+                writer.write(RESPONSE.pack(request_id, FAILED))
+                return
             writer.write(RESPONSE.pack(request_id, len(logits)) + logits)
 
         while True:
             try:
-                request_id, *shape = REQUEST.unpack(await reader.readexactly(REQUEST.size))
-                data = await reader.readexactly(4 * int(np.prod(shape)))
+                request_id, rows, *row_shape = REQUEST.unpack(await reader.readexactly(REQUEST.size))
+                if not 1 <= rows <= MAX_ROWS or tuple(row_shape) != model.row_shape:
+                    writer.close()  # checked before reading what the frame claims to carry
+                    return
+                data = await reader.readexactly(4 * rows * int(np.prod(row_shape)))
             except asyncio.IncompleteReadError:  # the worker went away
                 return
+            shape = (rows, *row_shape)
             task = asyncio.create_task(answer(request_id, np.frombuffer(data, np.float32).reshape(shape)))
             answering.add(task)
             task.add_done_callback(answering.discard)
@@ -109,6 +124,9 @@ class ModelClient:
         try:
             while True:
                 request_id, size = RESPONSE.unpack(await reader.readexactly(RESPONSE.size))
+                if size == FAILED:
+                    self.waiting.pop(request_id).set_exception(RuntimeError("the model process failed these rows"))
+                    continue
                 logits = np.frombuffer(await reader.readexactly(size), np.float32)
                 self.waiting.pop(request_id).set_result(logits)
         except asyncio.IncompleteReadError:  # the model process is gone: fail what waits, not hang it
