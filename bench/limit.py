@@ -110,6 +110,14 @@ def _throughput(work: Callable[[list[list[bytes]]], None], batches: list[list[by
     return {"images_per_s": count / wall, "cpu_ms_per_image": 1000 * cpu / count}
 
 
+def overlapped_limit(model: InProcessModel, jpegs: list[bytes], images: int, size: int = 32) -> dict[str, float]:
+    """Images/s and CPU ms per image of the overlapped arrangement alone on batches of `size` (no sweep: for
+    workloads too slow to sweep, such as 12-megapixel photos)."""
+    batches = _batches(jpegs, size, images, 1)
+    model.overlapped(batches[:1])  # warm
+    return _throughput(model.overlapped, batches)
+
+
 def limit_round(model: InProcessModel, jpegs: list[bytes], seconds: float, images: int = 96) -> dict[str, Any]:
     """One round: images/s and CPU ms per image for every arrangement and batch size (the sweep), the fastest
     timed again for `seconds` (the round's limit), and the single-image time (decode + preprocess + batch of 1,
