@@ -54,6 +54,7 @@ bench: install
 	$(BIN)/python bench/serve_throughput.py --seconds 8 --rounds 5
 	$(BIN)/python bench/server_threads.py
 	$(BIN)/python bench/stack_cost.py
+	$(BIN)/python bench/form_parse.py --rounds 5
 	$(BIN)/python bench/export_time.py --rounds 3
 	$(BIN)/python bench/trainer_overhead.py --rounds 5
 	$(BIN)/python bench/int8_serving.py --seconds 8 --rounds 3
