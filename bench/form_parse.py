@@ -6,8 +6,8 @@ used) against serve/form.py (python-multipart's parser, the parts sliced out of 
 Both read the same bodies, already whole in memory as the front door holds them, on uvloop as the service
 runs: 400 x 300 JPEG views (the serving benchmarks' uploads) and 12-megapixel photos (0.7-1.4 MB; Starlette
 spools a file over 1 MB to a temporary file on disk and reads it back through a thread). The figure is the
-wall time per form, which the event loop spends (or waits for); the two ways alternate round by round and the
-ratio is the median of the rounds' ratios.
+wall time per form, which the event loop spends (or waits for); the two ways take turns going first
+(bench/results.side_order) and the ratio is the median of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from starlette.requests import Request
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.load import BOUNDARY, multipart_body  # noqa: E402
-from bench.results import write_result  # noqa: E402
+from bench.results import side_order, write_result  # noqa: E402
 from bench.workload import make_jpegs, phone_photos  # noqa: E402
 from serve.form import read_form  # noqa: E402
 
@@ -65,7 +65,7 @@ async def compare(images: list[bytes], forms: int, rounds: int) -> dict[str, lis
         assert [await read(body) for body in bodies] == images
     figures: dict[str, list[float]] = {name: [] for name in ways}
     for round_ in range(rounds):
-        for name in list(ways)[:: 1 if round_ % 2 == 0 else -1]:
+        for name in side_order(list(ways), round_):
             figures[name].append(await seconds_per_form(ways[name], bodies, forms))
     return figures
 

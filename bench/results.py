@@ -61,12 +61,13 @@ def median_of_rounds(rounds: list[Any]) -> Any:
 
 
 def side_order(sides: list[str], round_: int) -> list[str]:
-    """The order in which round `round_` measures `sides`: rotated by one each round and reversed every other
-    round, so that no side always follows the same one (in a plain rotation, the side measured right after
-    LitServe read low in every round, on the digits model)."""
+    """The order in which round `round_` measures `sides`: rotated by one each round and reversed in every other
+    pair of rounds, so that no side always follows the same one (in a plain rotation, the side measured right
+    after LitServe read low in every round, on the digits model) and each of two sides goes first in half the
+    rounds (reversing every other round undid the rotation of two sides: an A/B measured A first every time)."""
     shift = round_ % len(sides)
     rotated = sides[shift:] + sides[:shift]
-    return rotated[::-1] if round_ % 2 else rotated
+    return rotated[::-1] if (round_ // 2) % 2 else rotated
 
 
 def median_with_interval(values: list[float], level: float = 0.9, resamples: int = 2000) -> tuple[float, float, float]:

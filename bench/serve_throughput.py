@@ -27,8 +27,9 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
   served and loaded as ours_raw_body (or, with --baseline-form multipart, as ours): the A/B of a change to the
   service, in the same rounds.
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
-round and reverses every other round: bench/results.side_order); figures are medians over rounds, and each side
-at c=64 is also divided by its own round's limit, round by round (paired, so drift between rounds cancels).
+round and reverses in every other pair of rounds: bench/results.side_order); figures are medians over rounds,
+and each side at c=64 is also divided by its own round's limit, round by round (paired, so drift between rounds
+cancels).
 Load: JPEG uploads at concurrency 1, 16 and 64 for --seconds each, by bench/load.py (wrk when installed, else
 httpx), with the client's and the server's CPU per image.
 """

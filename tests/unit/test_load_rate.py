@@ -52,3 +52,9 @@ def test_no_side_always_follows_the_same_one():
         for before, after in zip(order, order[1:]):
             predecessors[after].add(before)
     assert all(len(names) >= 2 for names in predecessors.values()), predecessors
+
+
+def test_each_of_two_sides_goes_first_in_half_the_rounds():
+    """An A/B (a change against its baseline) must not measure the same side first in every round."""
+    firsts = [side_order(["ours", "at_before"], round_)[0] for round_ in range(4)]
+    assert sorted(firsts) == ["at_before", "at_before", "ours", "ours"], firsts
