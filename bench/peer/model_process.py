@@ -114,7 +114,9 @@ class ModelClient:
         self.reading = asyncio.create_task(self._read(reader))
 
     async def __call__(self, rows: np.ndarray) -> np.ndarray:
-        assert self.writer is not None, "connect() first"
+        assert self.writer is not None and self.reading is not None, "connect() first"
+        if self.reading.done():
+            raise ConnectionError("the model process closed its socket")
         request_id = next(self.ids)
         answer = self.waiting[request_id] = asyncio.get_running_loop().create_future()
         self.writer.write(REQUEST.pack(request_id, *rows.shape) + np.ascontiguousarray(rows, np.float32).tobytes())
@@ -129,9 +131,11 @@ class ModelClient:
                     continue
                 logits = np.frombuffer(await reader.readexactly(size), np.float32)
                 self.waiting.pop(request_id).set_result(logits)
-        except asyncio.IncompleteReadError:  # the model process is gone: fail what waits, not hang it
+        except (asyncio.IncompleteReadError, OSError):  # the model process is gone (closed, or reset)
+            # Fail what waits: a request left waiting would also hold up this worker's shutdown.
             for answer in self.waiting.values():
                 answer.set_exception(ConnectionError("the model process closed its socket"))
+            self.waiting.clear()
 
 
 if __name__ == "__main__":
