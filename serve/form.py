@@ -68,7 +68,9 @@ class _Parts:
         if name is None:
             raise BadForm('a part has no Content-Disposition header with a "name"')
         self.parts[-1].name = name.decode("utf-8", "replace")
-        self.parts[-1].is_file = b"filename" in options
+        # A filename (RFC 7578), or only an RFC 2231 `filename*` (older urllib3, for non-ASCII names), which
+        # python-multipart's header parser leaves out of `options`.
+        self.parts[-1].is_file = b"filename" in options or b"filename*=" in self._disposition.lower()
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         self.parts[-1].chunks.append(data[start:end])  # the body arrives in one piece: usually one slice

@@ -35,6 +35,11 @@ def test_text_fields_are_utf8():
     assert read_form(content_type, body, FIELDS)[1] == {"note": ["café ①"]}
 
 
+def test_a_file_named_the_rfc_2231_way_is_a_file():
+    body = part(b"image", b"x", b"; filename*=utf-8''%D1%84.jpg") + b"--B--\r\n"
+    assert read_form("multipart/form-data; boundary=B", body, FIELDS) == (b"x", {})
+
+
 def test_a_missing_optional_field_is_left_out():
     content_type, body = encoded(files={"image": ("a.png", b"")})
     assert read_form(content_type, body, FIELDS) == (b"", {})
