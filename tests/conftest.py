@@ -23,6 +23,7 @@ if _WORKERS > 1:
 import httpx
 import pytest
 import torch
+import yaml
 from filelock import FileLock
 from PIL import Image
 
@@ -71,6 +72,17 @@ def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "con
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def kubernetes_documents() -> list[dict]:
+    """deploy/kubernetes.yaml's documents (the Deployment, its Service)."""
+    return list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes.yaml").read_text()))
+
+
+def deployment_container(documents: list[dict]) -> dict:
+    """The service's container in the Deployment among `documents`."""
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
 def load(path: Path) -> dict:

@@ -14,7 +14,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import yaml
-from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_cuda_library, png_bytes
+from conftest import (
+    ROOT,
+    Server,
+    classify,
+    deployment_container,
+    digit_images,
+    eager_top1,
+    kubernetes_documents,
+    missing_cuda_library,
+    png_bytes,
+)
 
 from export.manifest import read_manifest_unchecked
 from serve.config import SETTINGS
@@ -119,7 +129,7 @@ def test_the_built_bento_serves_from_a_torch_free_environment(bento, eager, tmp_
         np.testing.assert_allclose(served_p, expected.max(1), atol=1e-5)
         info = httpx.get(f"{srv.url}/info", timeout=10).json()
         assert info["model"]["sha256"] == manifest["artifacts"]["model.onnx"]["sha256"]
-        for path in probe_paths(load_deployment()):
+        for path in probe_paths(kubernetes_documents()):
             assert srv.status(path) == 200, path
         # The protocol, as KServe's readiness probe and a client reach it in the Bento (deploy/kserve.yaml).
         assert srv.status("/v2/models/handoff/ready") == 200
@@ -165,23 +175,14 @@ def test_torchscript_without_torch_is_not_ready_and_says_why(bento, tmp_path):
         assert srv.proc.poll() is None, "stays up instead of crash-looping"
 
 
-def load_deployment() -> list[dict]:
-    return list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes.yaml").read_text()))
-
-
 def probe_paths(documents: list[dict]) -> set[str]:
-    container = _container(documents)
+    container = deployment_container(documents)
     return {container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe", "startupProbe")}
 
 
-def _container(documents: list[dict]) -> dict:
-    deployment = next(d for d in documents if d["kind"] == "Deployment")
-    return deployment["spec"]["template"]["spec"]["containers"][0]
-
-
 def test_the_kubernetes_manifest_matches_the_service(bento):
-    documents = load_deployment()
-    container = _container(documents)
+    documents = kubernetes_documents()
+    container = deployment_container(documents)
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert probe_paths(documents) <= PROBES
     dockerfile = (bento["path"] / "env" / "docker" / "Dockerfile").read_text()

@@ -14,8 +14,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-import yaml
-from conftest import Server, classify, digit_images, png_bytes
+from conftest import Server, classify, deployment_container, digit_images, kubernetes_documents, png_bytes
 from PIL import Image
 
 pytestmark = pytest.mark.xdist_group("serve_attacks")  # one guarded server, on one worker
@@ -175,14 +174,6 @@ def test_idle_connections_are_capped_timed_out_and_logged(guarded):
     assert "at the connection limit" in guarded.log.read_text()
 
 
-def liveness_timeout_s() -> float:
-    """The liveness probe's timeout in deploy/kubernetes.yaml."""
-    for document in yaml.safe_load_all((Path(__file__).parents[1] / "deploy" / "kubernetes.yaml").read_text()):
-        if document and document.get("kind") == "Deployment":
-            return float(document["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["timeoutSeconds"])
-    raise AssertionError("deploy/kubernetes.yaml has no Deployment")
-
-
 def test_large_json_is_bounded_by_the_model_and_parsed_off_the_loop(guarded):
     """/predict bodies over what a full batch of the model's input takes are refused before they are read;
     six near the bound at once leave /livez answering within Kubernetes' probe timeout."""
@@ -213,7 +204,7 @@ def test_large_json_is_bounded_by_the_model_and_parsed_off_the_loop(guarded):
     assert statuses == [200] * 6
     # The bound is the deployment's own: a liveness probe slower than its timeout restarts the replica (parsed on
     # the event loop, six such bodies held /livez for 5.1 s; ~0.1-1.7 s since, on a 2-core machine in CI).
-    assert slowest < liveness_timeout_s()
+    assert slowest < deployment_container(kubernetes_documents())["livenessProbe"]["timeoutSeconds"]
 
 
 def test_odd_input_gets_an_answer_at_once_never_a_hang(guarded):
