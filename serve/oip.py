@@ -42,8 +42,8 @@ VERSION = "1"
 # Exactly what is implemented: no `statistics` (no /v2/models/NAME/stats), no shared memory, no repository API.
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
 IMAGE_INPUT = "image"  # a classifier's encoded image files, decoded as /classify decodes them
-# JSON up to this size is parsed on the event loop (tens of microseconds; a thread hop costs more, and the image
-# path already takes one to decode); larger JSON (tensors as text, ~50 ms for 3 MB) goes to a thread.
+# A request body up to this size is parsed on the event loop (tens of microseconds; a thread hop costs more, and
+# the image path already takes one to decode); a larger one (tensors as text, ~50 ms for 3 MB) goes to a thread.
 INLINE_JSON_BYTES = 64 * 1024
 
 
@@ -99,12 +99,6 @@ def known_paths(name: str) -> set[str]:
     for prefix in model_paths(name):
         paths |= {prefix, f"{prefix}/config", f"{prefix}/infer"}
     return paths
-
-
-def _json_size(body: bytes, header: bytes | None) -> int:
-    """How much of the body is JSON (the parser checks the header properly; this only picks where to parse)."""
-    text = (header or b"").strip()
-    return int(text) if text.isdigit() and len(text) < 12 else len(body)
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -216,10 +210,11 @@ class ProtocolSurface:
             if service.not_ready is not None:
                 raise ProtocolError(f"model not ready: {service.not_ready}", status=503)
             header = dict(scope.get("headers") or []).get(b"inference-header-content-length")
-            if _json_size(body, header) <= INLINE_JSON_BYTES:  # a small header: parsed here, no thread hop
-                request = parse_infer_request(body, header)
-            else:  # a large JSON body (tensors as text) is parsed off the event loop
-                request = await service.decoders.run(parse_infer_request, body, header)
+            # The whole body decides, binary part included: splitting a BYTES tensor costs time too.
+            if len(body) <= INLINE_JSON_BYTES:  # a small request: parsed here, no thread hop
+                request = parse_infer_request(body, header, service.max_batch_size())
+            else:  # a large one (tensors as text, many BYTES elements) is parsed off the event loop
+                request = await service.decoders.run(parse_infer_request, body, header, service.max_batch_size())
             outputs = await service.protocol_infer(request)
         except ProtocolError as err:
             return await send_client_error(scope, send, err.status, err)

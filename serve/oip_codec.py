@@ -44,6 +44,9 @@ OIP_DATATYPE = {numpy: oip for oip, numpy in DATATYPES.items()}
 MAX_TENSORS = 64  # inputs or outputs one request may name
 MAX_DIMS = 8
 MAX_HEADER_DIGITS = 12
+# A BYTES tensor holds one or a few items per row (an image file, a text): a row of more is refused before its
+# elements are split out of the body (4,980,736 empty elements in 19 MB took 6.8 s to split, round 3).
+MAX_BYTES_PER_ROW = 16
 BINARY_MEDIA_TYPE = "application/octet-stream"
 
 
@@ -131,6 +134,16 @@ def _flatten(data: Any, limit: int) -> list[Any]:
         else:
             stack.pop()
     return leaves
+
+
+def _check_size(shape: tuple[int, ...], datatype: str, name: str, max_rows: int | None) -> None:
+    """Refuse a tensor too large for one request by its shape alone, before its data is read."""
+    if max_rows is not None and shape and shape[0] > max_rows:
+        raise ProtocolError(
+            f"input {name!r}: {shape[0]} rows; send 1 to {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)"
+        )
+    if datatype == "BYTES" and math.prod(shape[1:]) > MAX_BYTES_PER_ROW:
+        raise ProtocolError(f"input {name!r}: at most {MAX_BYTES_PER_ROW} BYTES elements per row, shape {list(shape)}")
 
 
 def split_bytes(chunk: memoryview, count: int, name: str) -> list[bytes]:
@@ -228,8 +241,9 @@ def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...] | None:
     return tuple(requested)
 
 
-def parse_infer_request(body: bytes, header_length: bytes | None) -> InferRequest:
-    """An infer request's body (and its Inference-Header-Content-Length header, if sent), checked."""
+def parse_infer_request(body: bytes, header_length: bytes | None, max_rows: int | None = None) -> InferRequest:
+    """An infer request's body (and its Inference-Header-Content-Length header, if sent), checked; `max_rows`:
+    the most rows (dimension 0) an input may have, checked on its shape before its data is read."""
     length = _header_length(header_length, len(body))
     view = memoryview(body)
     header, binary = (view, view[len(view) :]) if length is None else (view[:length], view[length:])
@@ -252,6 +266,7 @@ def parse_infer_request(body: bytes, header_length: bytes | None) -> InferReques
         if datatype not in DATATYPES:
             raise ProtocolError(f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}")
         shape = _shape(entry, name)
+        _check_size(shape, datatype, name, max_rows)
         size = _object(entry.get("parameters") or {}, f"input {name!r}'s parameters").get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
