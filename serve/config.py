@@ -21,8 +21,13 @@ def _env_int(name: str, value: str) -> int:
         raise ValueError(f"{name}={value!r}: expected an integer") from None
 
 
-def _comma_list(name: str, value: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in value.split(",") if item.strip())
+def _api_keys(name: str, value: str) -> tuple[str, ...]:
+    """Comma-separated keys. Set but holding none (empty, spaces, commas) is refused: read as no keys, it would
+    turn the gate off without a word (security round 3, item 9)."""
+    keys = tuple(item.strip() for item in value.split(",") if item.strip())
+    if not keys:
+        raise ValueError(f"{name} is set but holds no key; unset it to serve without keys, or give one or more")
+    return keys
 
 
 def _setting(name: str, default: Any, parse: Callable[[str, str], Any] | None = None, secret: bool = False) -> Any:
@@ -54,7 +59,7 @@ class ServeConfig:
     """1: try ONNX Runtime's TensorRT provider before CUDA"""
     tensorrt_cache: str = _setting("HANDOFF_TRT_CACHE", os.path.expanduser("~/.cache/handoff/tensorrt"))
     """where TensorRT keeps its built engines (a folder only this service's user can write)"""
-    api_keys: tuple[str, ...] = _setting("HANDOFF_API_KEYS", (), _comma_list, secret=True)
+    api_keys: tuple[str, ...] = _setting("HANDOFF_API_KEYS", (), _api_keys, secret=True)
     """comma-separated bearer tokens; set: every endpoint but /livez, /readyz and the page needs one (401)"""
     show_paths: bool = _setting("HANDOFF_SHOW_PATHS", False, lambda name, value: value == "1")
     """1: /info shows absolute paths (checkpoint, model folder); otherwise file names only"""
@@ -78,6 +83,10 @@ class ServeConfig:
     """a request's headers must arrive within this of its first byte, or the connection is closed"""
     idle_timeout_s: int = _setting("HANDOFF_IDLE_TIMEOUT_S", 10, _env_int)
     """a new connection that sends nothing for this long is closed (kept-alive ones: HANDOFF_KEEP_ALIVE_S)"""
+    max_header_kb: int = _setting("HANDOFF_MAX_HEADER_KB", 64, _env_int)
+    """a request's line and headers together, in KiB; larger is answered 431 and the connection closed"""
+    write_timeout_s: int = _setting("HANDOFF_WRITE_TIMEOUT_S", 30, _env_int)
+    """a client that reads none of its answer for this long (its buffers full) has its connection closed"""
     keep_alive_s: int = _setting("HANDOFF_KEEP_ALIVE_S", 120, _env_int)
     """a kept-alive connection idle this long between requests is closed; longer than the idle timeout of any
     client or proxy in front (Go's and so KServe's queue-proxy 90 s, AWS ALB and nginx 60 s, httpx 5 s), so that
@@ -100,6 +109,8 @@ class ServeConfig:
             ("HANDOFF_HEADER_TIMEOUT_S", self.header_timeout_s, 1),
             ("HANDOFF_IDLE_TIMEOUT_S", self.idle_timeout_s, 1),
             ("HANDOFF_KEEP_ALIVE_S", self.keep_alive_s, 1),
+            ("HANDOFF_MAX_HEADER_KB", self.max_header_kb, 8),
+            ("HANDOFF_WRITE_TIMEOUT_S", self.write_timeout_s, 1),
             ("HANDOFF_CPU_THREADS", self.model_threads(), 1),
         ):
             if value < least:

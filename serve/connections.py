@@ -39,6 +39,16 @@ log = logging.getLogger("bentoml.handoff.connections")
 
 DESCRIPTORS_KEPT_FREE = 64  # for the model's files, logs and the metrics folder, whatever the cap
 LOG_EVERY_S = 5.0
+# Requests a client may send ahead on one connection (HTTP/1.1 pipelining) before its answers: uvicorn parses a
+# whole read and queues every request in it, so 6 MB of them held 170-380 MB and delayed the probes by 3.6 s.
+MAX_PIPELINED = 16
+
+
+def headers_too_large(limit: int) -> bytes:
+    """The 431 answer, written straight to the socket: the request never reached the app."""
+    body = b'{"error": "the request line and headers are larger than %d bytes"}' % limit
+    head = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    return head + b"content-length: %d\r\n\r\n" % len(body) + body
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,10 @@ class ConnectionLimits:
     """a fresh connection must send its first byte within this"""
     keep_alive_s: float
     """a kept-alive connection is closed after this long without a request"""
+    max_header_bytes: int = 64 * 1024
+    """a request's line and headers together; more is answered 431 and the connection closed"""
+    write_timeout_s: float = 30.0
+    """a response write the client does not read for this long (the send buffer stays full) closes the connection"""
 
     def effective_max(self) -> int:
         """The cap, kept under the file descriptors this process may open (ulimit -n)."""
@@ -109,9 +123,14 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
     """A subclass of uvicorn's HTTP protocol class `protocol` that enforces `limits`."""
     cap = limits.effective_max()
     shedding = _Shedding()
+    counts_headers = hasattr(protocol, "on_headers_complete")  # httptools' callbacks, which the counting needs
 
     class GuardedProtocol(protocol):  # type: ignore[misc, valid-type]
         deadline: asyncio.TimerHandle | None = None
+        deadline_is_idle = False
+        write_deadline: asyncio.TimerHandle | None = None
+        header_bytes = 0  # received while the request's headers are incomplete
+        headers_done = False
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -130,14 +149,64 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
         def connection_lost(self, exc: Exception | None) -> None:
             shedding.open.pop(self, None)
             self._disarm()
+            self._disarm_write()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if not self._in_request() and self.deadline is None:
-                self._arm(limits.header_timeout_s, idle=False)  # a request's first byte: its headers have this long
+            if not self._in_request() and (self.deadline is None or self.deadline_is_idle):
+                # A request's first byte: its headers have this long, counted from now however fast they stream.
+                self._arm(limits.header_timeout_s, idle=False)
             super().data_received(data)
+            # Counted after parsing, so that a body read with its headers is not. (h11 bounds headers itself.)
+            if counts_headers and not self.headers_done:
+                self.header_bytes += len(data)
+                if self.header_bytes > limits.max_header_bytes:
+                    return self._refuse_headers()
+            if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:
+                log.warning("closed a connection with more than %d pipelined requests", MAX_PIPELINED)
+                self.transport.close()
+                return
             if self._in_request():
                 self._disarm()
+
+        # uvicorn's parser callbacks (httptools and h11 alike call them): where a request's headers begin and end.
+        def on_message_begin(self) -> None:
+            self.headers_done = False
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self.headers_done, self.header_bytes = True, 0
+            super().on_headers_complete()
+
+        def _refuse_headers(self) -> None:
+            """431 and close: the parser has kept every byte of the headers so far, and would keep the rest."""
+            self.transport.write(headers_too_large(limits.max_header_bytes))
+            self.transport.close()
+            self.headers_done = True  # nothing more is parsed on this connection
+
+        # The transport's flow control: the client has not read what was sent (its buffers are full).
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self.write_deadline is None:
+                self.write_deadline = self.loop.call_later(limits.write_timeout_s, self._write_expired)
+
+        def resume_writing(self) -> None:
+            self._disarm_write()
+            super().resume_writing()
+
+        def _disarm_write(self) -> None:
+            if self.write_deadline is not None:
+                self.write_deadline.cancel()
+                self.write_deadline = None
+
+        def _write_expired(self) -> None:
+            self.write_deadline = None
+            log.warning("closed a connection whose client read nothing for %g s", limits.write_timeout_s)
+            self.transport.abort()  # close() would wait, forever, to flush what the client never reads
+
+        def _stalled(self) -> bool:
+            """Stuck writing an answer the client does not read: sheddable like an idle connection."""
+            return self.write_deadline is not None
 
         def _in_request(self) -> bool:
             cycle = getattr(self, "cycle", None)
@@ -146,6 +215,7 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
         def _arm(self, seconds: float, idle: bool) -> None:
             self._disarm()
             self.deadline = self.loop.call_later(seconds, self._expire, idle)
+            self.deadline_is_idle = idle
 
         def _disarm(self) -> None:
             if self.deadline is not None:
@@ -167,11 +237,14 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
 
         def _shed_oldest_idle(self) -> bool:
             for connection in shedding.open:
-                if not connection._in_request() and _close_if_quiet(connection.transport):
-                    shedding.open.pop(connection)
-                    shedding.shed += 1
-                    shedding.report(cap)
-                    return True
+                if connection._stalled():
+                    connection.transport.abort()
+                elif connection._in_request() or not _close_if_quiet(connection.transport):
+                    continue
+                shedding.open.pop(connection)
+                shedding.shed += 1
+                shedding.report(cap)
+                return True
             return False
 
     GuardedProtocol.__name__ = GuardedProtocol.__qualname__ = f"Guarded{protocol.__name__}"

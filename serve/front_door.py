@@ -95,6 +95,7 @@ class FrontDoor:
         routes: dict[str, BodyRoute],
         max_concurrency: int,
         body_timeout_s: float,
+        max_connections: int | None = None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -102,8 +103,10 @@ class FrontDoor:
         self.body_timeout_s = body_timeout_s
         self.processing = Slots(max_concurrency)  # requests whose body is in, being answered
         # Uploads still arriving: cheap while they stall (a socket, a few bytes), and each lasts at most the
-        # deadline, so more of them than of requests in progress may wait at once.
-        self.reading = Slots(READING_PER_SLOT * max_concurrency)
+        # deadline, so more of them than of requests in progress may wait at once; but never more than half the
+        # connection cap, or stalled uploads, which are never shed, would leave no connection for a probe.
+        reading = READING_PER_SLOT * max_concurrency
+        self.reading = Slots(min(reading, max(1, max_connections // 2)) if max_connections else reading)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

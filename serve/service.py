@@ -31,7 +31,7 @@ from export.manifest import ManifestError, fast_decode_checked, fast_decode_pass
 from export.signature import TASK_IMAGE_CLASSIFICATION, read_signature, read_task
 from serve.access_log import replace_bentoml_access_log, write_access_log_off_the_loop
 from serve.auth import PROBES, ApiKeyGate
-from serve.batching import ModelBatcher, Rows
+from serve.batching import ModelBatcher, ModelFailed, Rows
 from serve.config import ServeConfig
 from serve.connections import ConnectionLimits
 from serve.connections import install as install_connection_limits
@@ -62,9 +62,15 @@ JSON = Annotated[dict[str, Any], ContentType("application/json")]
 
 
 install_log_filters()
-install_connection_limits(
-    ConnectionLimits(CONFIG.max_connections, CONFIG.header_timeout_s, CONFIG.idle_timeout_s, CONFIG.keep_alive_s)
+CONNECTION_LIMITS = ConnectionLimits(
+    CONFIG.max_connections,
+    CONFIG.header_timeout_s,
+    CONFIG.idle_timeout_s,
+    CONFIG.keep_alive_s,
+    CONFIG.max_header_kb * 1024,
+    CONFIG.write_timeout_s,
 )
+install_connection_limits(CONNECTION_LIMITS)
 
 
 async def _get_info(request: Request) -> JSONResponse:
@@ -163,7 +169,17 @@ class HandoffClassifier:
             self.batcher = ModelBatcher(
                 model, CONFIG.max_batch_size, CONFIG.max_latency_ms, self._padded_batch_sizes(), self.decoders
             )
-        return await self.batcher(rows)
+        try:
+            return await self.batcher(rows)
+        except ModelFailed as failed:
+            if self.task == TASK_IMAGE_CLASSIFICATION:  # rows handoff decoded itself: the fault is not the client's
+                raise failed.cause from None
+            # Any model's inputs passed the signature, yet the model refused them alone (an index out of its
+            # vocabulary, a shape it cannot take): the client's input, named in a 400 and one log line.
+            first_line = (str(failed.cause).strip().splitlines() or [type(failed.cause).__name__])[0][:300]
+            raise RequestError(
+                f"the model could not run on these inputs ({self._input_names()}): {first_line}"
+            ) from None
 
     def _classify_batch(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         """In the model thread, once per batch: the softmax and the ranking as well as the logits. NumPy's sorts
@@ -374,4 +390,5 @@ SERVICE.add_asgi_middleware(
     },
     max_concurrency=CONFIG.max_concurrency,
     body_timeout_s=CONFIG.body_timeout_s,
+    max_connections=CONNECTION_LIMITS.effective_max(),
 )

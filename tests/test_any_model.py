@@ -204,6 +204,32 @@ def test_requests_of_different_lengths_at_once_are_answered_exactly(servers, tra
             np.testing.assert_allclose(body["outputs"]["output"], model(**example).numpy(), **TOLERANCE)
 
 
+def test_one_clients_out_of_vocabulary_token_fails_only_its_own_request(servers, trained):
+    """Security round 3, items 6 and 14: a token id past the model's vocabulary, sent with 120 good requests of one
+    length at once: ONNX Runtime failed the whole batch (62 of the 120 got 500, with a 37-line traceback). Now the
+    bad one alone gets a 400 naming the inputs, the good ones their answers."""
+    model, url = eager("text", trained), servers["text"].url
+    examples = [text_example(1, 8, seed=200 + i) for i in range(121)]
+    examples[60]["tokens"][0, 2] = 1000  # VOCAB is 100
+
+    def ask(example):
+        response = httpx.post(
+            f"{url}/predict", json={"inputs": {n: t.tolist() for n, t in example.items()}}, timeout=60
+        )
+        return response.status_code, response.json()
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(ask, examples))
+    status, body = answers.pop(60)
+    assert status == 400 and "could not run on these inputs (tokens, mask)" in body["error"], body
+    assert [status for status, _ in answers] == [200] * 120
+    good = examples[:60] + examples[61:]
+    with torch.inference_mode():
+        for example, (_, answer) in zip(good[::10], answers[::10]):
+            np.testing.assert_allclose(answer["outputs"]["output"], model(**example).numpy(), **TOLERANCE)
+    assert "Traceback" not in servers["text"].log.read_text()
+
+
 def test_the_tabular_model_answers_its_dict_of_outputs(servers, trained):
     model, url = eager("tabular", trained), servers["tabular"].url
     example = tabular_example(4, seed=9)

@@ -26,6 +26,13 @@ from train.preprocessing import Preprocessing
 
 # MPO: a JPEG with a multi-picture segment (many phone and stereo-camera photos); frame 0 is the primary image.
 ACCEPTED_FORMATS = {"JPEG", "MPO", "PNG", "WEBP", "BMP", "GIF"}
+# The only plugins Image.open tries (its JPEG plugin also opens MPO): by default it tries every format Pillow
+# knows, and a 19 MB EPS held a decoder for 13 s before it was refused (security round 3, item 15).
+OPEN_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF")
+# A progressive JPEG is sent in scans, and the decoder passes over the whole image for each: Pillow and mozjpeg
+# write about 10, and a photo's thumbnail adds its own. A file of thousands of tiny scans (234 KB) held a decoder
+# 19 s, past the request's deadline, which cannot stop a decode (security round 3, item 5).
+MAX_JPEG_SCANS = 100
 # The longest side may be at most this many times the shortest (a wide panorama is about 10): the resize scales
 # the shorter side up or down to `resize`, so a 1 x 40,000 strip would become 256 x 10,240,000 pixels.
 MAX_ASPECT_RATIO = 50
@@ -73,7 +80,7 @@ class Preprocessor:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
-                image = Image.open(io.BytesIO(data))  # reads the header only
+                image = Image.open(io.BytesIO(data), formats=OPEN_FORMATS)  # reads the header only
         except UnidentifiedImageError:
             raise BadImage("not an image PIL can identify (expected JPEG, PNG, WebP, BMP or GIF)") from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -88,6 +95,8 @@ class Preprocessor:
                 f"image is {width}x{height} = {width * height} pixels, above the limit of {self.max_pixels}", status=413
             )
         self.resized_size(width, height)  # and what the resize would make of it, before any pixel is decoded
+        if image.format in ("JPEG", "MPO"):
+            _check_scans(data)
         if fast and image.format in ("JPEG", "MPO"):
             self._draft(image)
         try:
@@ -131,6 +140,15 @@ class Preprocessor:
         image = _center_crop(image, self.crop).convert("RGB")
         array = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
         return (array - self.mean) / self.std
+
+
+def _check_scans(data: bytes) -> None:
+    """Refuse a JPEG of more than MAX_JPEG_SCANS scans. Each scan starts with the marker FF DA, which cannot occur
+    inside entropy-coded data (an FF there is followed by 00 or a restart marker), so counting it in C bounds the
+    scans from above (a byte pair in an EXIF or ICC segment may add to the count, never take from it)."""
+    scans = data.count(b"\xff\xda")
+    if scans > MAX_JPEG_SCANS:
+        raise BadImage(f"the JPEG has {scans} scans, more than the {MAX_JPEG_SCANS} a photo needs", status=413)
 
 
 def _to_8_bit(image: Image.Image) -> Image.Image:

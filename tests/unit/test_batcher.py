@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from bentoml.exceptions import ServiceUnavailable
 
-from serve.batching import ModelBatcher
+from serve.batching import ModelBatcher, ModelFailed
 
 
 def _times_ten_model(seconds: float = 0.0) -> tuple[Callable[[np.ndarray], np.ndarray], list[int]]:
@@ -153,11 +153,45 @@ def test_a_model_error_fails_its_batch_only():
 
     async def go():
         batcher = ModelBatcher(model, max_batch_size=8, max_latency_ms=10_000)
-        with pytest.raises(RuntimeError, match="runtime failed"):
+        with pytest.raises(ModelFailed, match="runtime failed") as failed:
             await batcher(np.full((1, 1), -1.0))
+        assert isinstance(failed.value.cause, RuntimeError)
         return await batcher(np.full((2, 1), 3.0))
 
     np.testing.assert_array_equal(anyio.run(go), np.full((2, 1), 3.0))
+
+
+def test_one_bad_request_in_a_batch_fails_alone_and_the_others_are_answered():
+    """Security round 3, item 6: 120 good requests and one the model refuses, all at once: before, every request
+    batched with the bad one failed with it."""
+    seen_batches: list[int] = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        seen_batches.append(len(batch))
+        time.sleep(0.002)
+        if (batch < 0).any():
+            raise RuntimeError("index out of range")
+        return batch * 10
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=32, max_latency_ms=10_000)
+        outcomes: dict[int, object] = {}
+
+        async def call(i: int):
+            try:
+                outcomes[i] = (await batcher(np.full((1, 1), -1.0 if i == 60 else float(i))))[0, 0]
+            except ModelFailed as err:
+                outcomes[i] = err
+
+        async with anyio.create_task_group() as tasks:
+            for i in range(121):
+                tasks.start_soon(call, i)
+        return outcomes
+
+    outcomes = anyio.run(go)
+    assert isinstance(outcomes.pop(60), ModelFailed)
+    assert outcomes == {i: 10.0 * i for i in outcomes}, "a good request failed with the bad one"
+    assert max(seen_batches) > 1, f"never batched: {seen_batches}"
 
 
 def test_a_call_larger_than_a_batch_runs_alone_rather_than_stalling_the_queue():

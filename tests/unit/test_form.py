@@ -44,7 +44,7 @@ def test_padding_and_boundary_lookalikes_cost_no_more_than_a_plain_file_of_their
     boundary = "b0undary-of-httpx-length-0123456789"
     content_type = f"multipart/form-data; boundary={boundary}"
     size = 4 * 1024 * 1024
-    head = f'Content-Disposition: form-data; name="image"; filename="a.jpg"\r\n\r\n'.encode()
+    head = b'Content-Disposition: form-data; name="image"; filename="a.jpg"\r\n\r\n'
     plain = f"--{boundary}\r\n".encode() + head + b"x" * size + f"\r\n--{boundary}--\r\n".encode()
     padded = f"--{boundary}".encode() + b" " * size + b"\r\n" + head + b"x\r\n" + f"--{boundary}--\r\n".encode()
     lookalike = f"\r\n--{boundary[:-1]}".encode()  # a delimiter but for its last byte, over and over

@@ -66,3 +66,13 @@ def test_a_cpu_quota_caps_the_cores_rounded_up(tmp_path):
     assert usable_cores(tmp_path) == 1
     (tmp_path / "cpu.max").write_text(f"{100000 * (usable_cores() + 8)} 100000\n")  # a quota above the CPU set
     assert usable_cores(tmp_path) == usable_cores()
+
+
+@pytest.mark.parametrize("value", ["", "  ", " , ,"])
+def test_api_keys_set_but_empty_are_refused_not_read_as_no_gate(monkeypatch, value):
+    """Security round 3, item 9: an empty or blank HANDOFF_API_KEYS turned the key gate off without a word."""
+    monkeypatch.setenv("HANDOFF_API_KEYS", value)
+    with pytest.raises(ValueError, match="HANDOFF_API_KEYS is set but holds no key"):
+        ServeConfig()
+    monkeypatch.setenv("HANDOFF_API_KEYS", " a, b ")
+    assert ServeConfig().api_keys == ("a", "b")

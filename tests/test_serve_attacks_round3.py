@@ -1,0 +1,259 @@
+"""What a third attacker found (security round 3), each against a real `bentoml serve` with one worker: the figure
+each test measures is printed with `pytest -s` and quoted in docs/security.md. A stall is bounded by the
+deployment's own liveness probe timeout (deploy/kubernetes.yaml): a probe slower than that restarts the replica."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Server, deployment_container, digit_images, kubernetes_documents, png_bytes
+from PIL import Image
+from test_serve_attacks import KEY, authed, peak_growth_mb
+
+pytestmark = pytest.mark.xdist_group("serve_attacks_round3")  # one server, on one worker
+
+HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, WRITE_TIMEOUT_S, MAX_CONNECTIONS = 2, 2, 3, 64
+
+
+@pytest.fixture(scope="module")
+def served(exported: Path, tmp_path_factory):
+    srv = Server(
+        tmp_path_factory.mktemp("attacks3") / "serve.log",
+        HANDOFF_MODEL_DIR=str(exported),
+        HANDOFF_API_KEYS=KEY,
+        HANDOFF_MAX_CONNECTIONS=str(MAX_CONNECTIONS),
+        HANDOFF_HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
+        HANDOFF_IDLE_TIMEOUT_S=str(IDLE_TIMEOUT_S),
+        HANDOFF_WRITE_TIMEOUT_S=str(WRITE_TIMEOUT_S),
+    )
+    srv.wait_ready()
+    yield srv
+    srv.stop()
+
+
+def probe_timeout_s() -> float:
+    return deployment_container(kubernetes_documents())["livenessProbe"]["timeoutSeconds"]
+
+
+def slowest_probe_during(served, attack) -> tuple[float, object]:
+    """Run `attack()` in a thread and probe /livez until it ends: the slowest probe's seconds, and its result."""
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(attack)
+        slowest = 0.0
+        while not running.done():
+            started = time.monotonic()
+            assert served.status("/livez") == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.05)
+        return slowest, running.result()
+
+
+def post(served, path: str, body: bytes, content_type: str, **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{served.url}{path}", content=body, headers=authed(**{"content-type": content_type}, **headers), timeout=60
+    )
+
+
+def test_multipart_padding_never_holds_the_event_loop(served):
+    """Item 1: 19 MB of padding after a delimiter, twice back to back (before: /livez held 8.0 s by one)."""
+    boundary = "x" * 32
+    body = f"--{boundary}".encode() + b" " * (19 * 1024 * 1024) + f"\r\n\r\n--{boundary}--\r\n".encode()
+
+    def attack():
+        return [post(served, "/classify", body, f"multipart/form-data; boundary={boundary}") for _ in range(2)]
+
+    slowest, answers = slowest_probe_during(served, attack)
+    print(f"\ntwo 19 MB padded forms: /livez slowest {slowest * 1000:.0f} ms, {[a.status_code for a in answers]}")
+    for answer in answers:
+        assert answer.status_code == 400 and "line break" in answer.json()["error"], answer.text
+    assert slowest < probe_timeout_s()
+
+
+def test_millions_of_bytes_elements_are_refused_by_their_shape(served):
+    """Item 2: a protocol infer of 4,980,736 empty BYTES elements in 19 MB (before: the loop held 6.8 s)."""
+    count = 4_980_736
+    binary = b"\0\0\0\0" * count
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "datatype": "BYTES",
+                    "shape": [count],
+                    "parameters": {"binary_data_size": len(binary)},
+                }
+            ]
+        }
+    ).encode()
+
+    def attack():
+        started = time.monotonic()
+        answer = post(
+            served,
+            "/v2/models/handoff/infer",
+            header + binary,
+            "application/octet-stream",
+            **{"inference-header-content-length": str(len(header))},
+        )
+        return answer, time.monotonic() - started
+
+    slowest, (answer, seconds) = slowest_probe_during(served, attack)
+    print(f"\n{count} BYTES elements in {len(binary) / 1e6:.0f} MB: {answer.status_code} in {seconds * 1000:.0f} ms")
+    assert answer.status_code == 400 and "rows; send 1 to 32" in answer.json()["error"], answer.text
+    assert slowest < probe_timeout_s()
+
+
+def stream_headers(port: int, first: bytes, chunk: bytes, seconds: float) -> tuple[int, bytes, float]:
+    """Send `first`, then `chunk` over and over for up to `seconds` or until the server closes: the bytes it took,
+    its answer and when it closed."""
+    sent, answer = 0, b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)  # a small send buffer: "sent" is near "received"
+        opened = time.monotonic()
+        try:
+            s.sendall(first)
+            sent += len(first)
+            while time.monotonic() - opened < seconds:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+        try:
+            s.settimeout(2)
+            answer = s.recv(4096)
+        except OSError:
+            pass
+        return sent, answer, time.monotonic() - opened
+
+
+def test_headers_without_end_are_cut_off_by_size_and_by_time(served):
+    """Item 3: a header streamed without end (before: 195 MB kept, the worker at 4.2 GB), a URL of megabytes, and
+    headers that keep trickling in under the size cap, cut off HANDOFF_HEADER_TIMEOUT_S after their first byte
+    (before: idle + header timeouts)."""
+
+    def attack():
+        endless = stream_headers(served.port, b"GET /livez HTTP/1.1\r\nHost: x\r\nX-A: ", b"a" * 65536, 8)
+        long_url = stream_headers(served.port, b"GET /" + b"a" * 4 * 1024 * 1024, b"a", 0)
+        return endless, long_url
+
+    growth, ((sent, answer, seconds), (_, url_answer, _)) = peak_growth_mb(served.proc.pid, attack)
+    print(f"\nendless header: {answer[:12]!r} after {sent / 1e6:.1f} MB sent, {seconds:.1f} s; peak +{growth:.0f} MB")
+    assert answer.startswith(b"HTTP/1.1 431") and url_answer.startswith(b"HTTP/1.1 431"), (answer, url_answer)
+    assert growth < 60, f"the worker grew {growth:.0f} MB"
+
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
+        opened = time.monotonic()
+        closed = False
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+        while not closed and time.monotonic() - opened < IDLE_TIMEOUT_S + HEADER_TIMEOUT_S + 2:
+            try:
+                s.sendall(b"X-Slow: a\r\n")  # 100 bytes a second: far under the size cap
+                time.sleep(0.1)
+            except OSError:
+                closed = True
+        took = time.monotonic() - opened
+    print(f"headers trickling in: closed after {took:.1f} s (HANDOFF_HEADER_TIMEOUT_S={HEADER_TIMEOUT_S})")
+    assert closed and took < HEADER_TIMEOUT_S + 1.5
+
+
+def never_reads(port: int, seconds: float) -> tuple[socket.socket, bool]:
+    """A connection that asks for the page 16 at a time (under the pipelining cap) and reads none of it, until the
+    server stops taking its requests (its answers fill every buffer between them) or `seconds` pass; and whether
+    the server closed it meanwhile."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.settimeout(0.5)
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        try:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 16)
+        except TimeoutError:
+            break  # the server no longer reads: it is stuck writing answers this client does not read
+        except OSError:
+            return s, True
+        time.sleep(0.5)
+    return s, False
+
+
+def closed_by_server(s: socket.socket, seconds: float) -> bool:
+    """Read what the server sent until it closes (True) or `seconds` pass with the connection still open."""
+    s.settimeout(seconds)
+    try:
+        while s.recv(1 << 20):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        pass  # reset: the server aborted it
+    return True
+
+
+def test_clients_that_never_read_their_answers_are_closed(served):
+    """Item 4: a connection stuck writing answers its client never reads was never shed or timed out (16 of them
+    against a cap of 16 reset every /livez). Now each is closed HANDOFF_WRITE_TIMEOUT_S after its writes stall, and
+    is shed first at the cap; and a client that pipelines more than 16 requests ahead is closed (item 12)."""
+    with ThreadPoolExecutor(2) as pool:
+        stuck = list(pool.map(lambda _: never_reads(served.port, 8), range(2)))
+    answered = sum(served.status("/livez") == 200 for _ in range(5))
+    closed = [early or closed_by_server(s, WRITE_TIMEOUT_S + 5) for s, early in stuck]
+    for s, _ in stuck:
+        s.close()
+    with socket.create_connection(("127.0.0.1", served.port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 64)
+        pipelined = closed_by_server(s, 5)
+    print(f"\ntwo clients that never read: closed {closed}; 64 pipelined requests: closed {pipelined}")
+    assert answered == 5
+    assert all(closed), "a connection stuck writing was left open past HANDOFF_WRITE_TIMEOUT_S"
+    assert pipelined
+    log = served.log.read_text()
+    # Which bound closes a client that never reads depends on the buffers (loopback's grow to megabytes): the write
+    # timeout once its answers fill them, else the pipelining cap once what it sent ahead is parsed at once.
+    assert "pipelined requests" in log
+    assert log.count("read nothing for") + log.count("pipelined requests") >= 3
+
+
+def many_scans_jpeg(scans: int) -> bytes:
+    """A 4000 x 4000 progressive JPEG whose smallest scan is repeated `scans` times before its end: each one a pass
+    of the decoder over the whole image (10,000 of them: ~240 KB, ~3.5 s to decode on this machine)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (4000, 4000), (120, 130, 140)).save(buffer, "JPEG", progressive=True)
+    data = buffer.getvalue()
+    starts = [i for i in range(len(data) - 1) if data[i : i + 2] == b"\xff\xda"]
+    ends = [*starts[1:], len(data) - 2]  # each scan runs to the next one; the last to the end-of-image marker
+    start, end = min(zip(starts, ends), key=lambda span: span[1] - span[0])
+    return data[:-2] + data[start:end] * scans + data[-2:]
+
+
+def test_many_scan_jpegs_and_other_formats_are_refused_before_decoding(served):
+    """Items 5 and 15: a progressive JPEG of 10,000 tiny scans (before: 19 s in a decoder, past the deadline) and an
+    EPS file (before: every Pillow plugin tried, 13 s for 19 MB) are refused at once; a good image is served
+    next."""
+    attack = many_scans_jpeg(10_000)
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 4000 4000\n" + b"0 0 moveto 1 1 lineto stroke\n" * 100_000
+    started = time.monotonic()
+    scans = post(served, "/classify", attack, "image/jpeg")
+    scans_s = time.monotonic() - started
+    other = httpx.post(f"{served.url}/classify", files={"image": ("a.eps", eps)}, headers=authed(), timeout=60)
+    good = post(served, "/classify", png_bytes(digit_images(1)[0][0]), "image/png")
+    print(f"\n{len(attack) / 1e3:.0f} KB JPEG of 10,010 scans: {scans.status_code} in {scans_s * 1000:.0f} ms")
+    assert scans.status_code == 413 and "scans" in scans.json()["error"], scans.text
+    assert other.status_code == 400 and "expected JPEG, PNG" in other.json()["error"], other.text
+    assert good.status_code == 200
+    assert scans_s < probe_timeout_s()
+
+
+def test_the_guarded_service_still_serves_with_its_key(served):
+    """After every attack above: the probes, and a good request with its key (and one without: 401)."""
+    image = png_bytes(digit_images(1)[0][0])
+    assert served.status("/livez") == 200 and served.status("/readyz") == 200
+    assert post(served, "/classify", image, "image/png").status_code == 200
+    keyless = httpx.post(f"{served.url}/classify", content=image, headers={"content-type": "image/png"})
+    assert keyless.status_code == 401
