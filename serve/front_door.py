@@ -29,6 +29,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from serve.form import BadForm, read_form
+from serve.logs import printable
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -181,7 +182,7 @@ async def _guarded(scope: Scope, send: Send, respond: Callable[[Send], Awaitable
     try:
         await respond(tracking_send)
     except Exception:  # noqa: BLE001 - whatever it is, the client gets an answer and the log the cause
-        log.exception("%s %s: unexpected error", scope.get("method"), str(scope.get("path"))[:200])
+        log.exception("%s %s: unexpected error", scope.get("method"), printable(str(scope.get("path"))))
         if not started:
             await _json_error(send, 500, "internal error: the server's log has the cause")
 

@@ -10,12 +10,13 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
 from conftest import Server, deployment_container, digit_images, kubernetes_documents, png_bytes
 from PIL import Image
-from test_serve_attacks import KEY, authed, peak_growth_mb
+from test_serve_attacks import KEY, authed, peak_growth_mb, raw_http
 
 pytestmark = pytest.mark.xdist_group("serve_attacks_round3")  # one server, on one worker
 
@@ -248,6 +249,22 @@ def test_many_scan_jpegs_and_other_formats_are_refused_before_decoding(served):
     assert other.status_code == 400 and "expected JPEG, PNG" in other.json()["error"], other.text
     assert good.status_code == 200
     assert scans_s < probe_timeout_s()
+
+
+def test_newlines_in_paths_and_input_names_forge_no_log_lines(served):
+    """Item 13: a newline in a URL path (no key needed) or in a protocol input's name reached the log as a new line,
+    so a client could write lines of its own. Now each is escaped, in the access line and the client-error line."""
+    forged = "2026-01-01T00:00:00+0000 [ERROR] [entry_service:handoff:1] forged: the model was replaced"
+    answer = raw_http(
+        served.port, f"GET /nothing%0a{quote(forged)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    )
+    document = {"inputs": [{"name": f"x\n{forged}", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+    infer = post(served, "/v2/models/handoff/infer", json.dumps(document).encode(), "application/json")
+    assert answer.startswith(b"HTTP/1.1 401") and infer.status_code == 400, (answer[:100], infer.text)
+    time.sleep(0.5)  # the access log is written off the loop
+    lines = served.log.read_text().splitlines()
+    assert not [line for line in lines if line.startswith(forged)], "a client wrote a line of its own into the log"
+    assert sum("\\n" + forged in line for line in lines) >= 2, "the escaped lines are missing"
 
 
 def test_the_guarded_service_still_serves_with_its_key(served):
