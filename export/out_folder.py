@@ -33,11 +33,26 @@ def passed(folder: Path) -> bool:
 
 
 def replace_folder(staging: Path, out: Path) -> None:
-    """Swap the finished folder in: `out` is never a half-written export. Only an export is replaced."""
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-        out.rename(old / out.name)
-        staging.rename(out)
-        shutil.rmtree(old)
-    else:
-        staging.rename(out)
+    """Swap the finished folder in: `out` is never a half-written export. Only an export is replaced: what is at
+    `out` is moved aside first and checked there, where nothing else can swap it, because a folder may appear at
+    `out` while the export runs (security round 3, item 11: check_out's check and the replace were two steps)."""
+    if not (out.exists() or out.is_symlink()):
+        try:
+            staging.rename(out)  # replaces at most an empty folder that appeared meanwhile
+            return
+        except OSError as err:
+            if not out.exists():
+                raise
+            del err  # something was put at `out` meanwhile: handled below like any existing folder
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+    moved = old / out.name
+    out.rename(moved)
+    if moved.is_symlink() or not moved.is_dir() or (any(moved.iterdir()) and not is_export_folder(moved)):
+        moved.rename(out)  # put back as it was; nothing deleted
+        old.rmdir()
+        raise ValueError(
+            f"--out={out}: something that is not an export folder appeared there during the export; it is left as "
+            f"it was, and the new export is not written; choose another --out"
+        )
+    staging.rename(out)
+    shutil.rmtree(old)

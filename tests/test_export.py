@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import checkpoint_fixtures as fx
@@ -353,3 +354,28 @@ def test_out_replaces_only_an_export_and_a_failed_attempt_keeps_the_good_one(che
     assert "good.failed" in failed.stderr
     assert export_cli(bare, *common, "--out", str(out)).returncode == 0  # an export is replaced by a new one
     assert not list(tmp_path.glob(".good.*")), "no temporaries left"
+
+
+def test_a_folder_that_appears_at_out_during_the_export_is_left_alone(checkpoints, tmp_path: Path):
+    """Security round 3, item 11: a folder that is not an export, put at --out after the export checked it, was
+    deleted by the replace. Now it is moved aside, checked there and put back: exit 2, its files untouched."""
+    out = tmp_path / "late"
+    command = [sys.executable, "-m", "export", str(checkpoints["bare.pth"]), "--arch", fx.ARCH, "--image-size", "32"]
+    env = {**os.environ, "BENTOML_HOME": str(ROOT / ".no-bento-home")}
+    with subprocess.Popen(
+        [*command, "--formats", "onnx", "--no-bento", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as export:
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob(".late.tmp.*")) and export.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # the staging folder appears once --out has been checked
+        out.mkdir()
+        (out / "notes.txt").write_text("not an export")
+        _, stderr = export.communicate(timeout=300)
+    assert export.returncode == 2, stderr
+    assert "appeared there during the export" in stderr and "Traceback" not in stderr
+    assert (out / "notes.txt").read_text() == "not an export" and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert not list(tmp_path.glob(".late.*")), "no temporaries left"
