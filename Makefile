@@ -6,16 +6,23 @@ STAMP := $(VENV)/.installed
 NPROC ?= 2
 RUN ?= runs/demo
 
-.PHONY: install demo test test-fast lint docs soak bench clean
+.PHONY: install lock demo test test-fast lint docs soak bench clean
 
 install: $(STAMP)
 
-# Re-installs only when the dependency list changes, so repeated `make test` is fast.
-$(STAMP): pyproject.toml
+# The tested set: the ranges of pyproject.toml held to the versions of requirements/lock.txt. Re-installs only when
+# either changes, so repeated `make test` is fast.
+$(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -c requirements/lock.txt -e '.[dev]'
 	touch $(STAMP)
+
+# Re-pin the tested set after changing a range: what `pip install -e '.[dev]'` resolves to now, in a fresh venv.
+lock:
+	rm -rf .lock_venv && $(PYTHON) -m venv .lock_venv && .lock_venv/bin/pip install --quiet -e '.[dev]'
+	{ sed -n '1,3p' requirements/lock.txt; .lock_venv/bin/pip freeze --exclude-editable; } > requirements/lock.new
+	mv requirements/lock.new requirements/lock.txt && rm -rf .lock_venv
 
 # Train on the embedded digits with $(NPROC) DDP processes, export and verify the checkpoint, then serve it
 # with bentoml and classify validation images over HTTP.

@@ -126,6 +126,11 @@ class ServeConfig:
     def max_body_bytes(self) -> int:
         return self.max_body_mb * 1024 * 1024
 
+    @property
+    def max_answer_numbers(self) -> int:
+        """The most numbers any model's answer may hold: about a request body's limit as JSON (16 bytes each)."""
+        return self.max_body_bytes // 16
+
     def cores_per_worker(self) -> int:
         """This worker's share of the cores: how many images it decodes at once, and its model's default threads
         (left to itself, each worker's runtime would start one thread per core: N workers, N x cores threads)."""

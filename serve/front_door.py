@@ -44,10 +44,12 @@ READING_PER_SLOT = 4
 MULTIPART = "multipart/form-data"
 
 
-async def send_json(send: Send, status: int, payload: dict[str, Any], close: bool = False) -> None:
-    """A JSON response; `close` asks the server to close the connection after it."""
+async def send_json(send: Send, status: int, payload: dict[str, Any] | bytes, close: bool = False) -> None:
+    """A JSON response (`payload` already encoded, or to encode here); `close` asks the server to close the
+    connection after it."""
     try:
-        body = orjson.dumps(payload)  # ~10x the standard library's speed on a response of a few numbers
+        # ~10x the standard library's speed on a response of a few numbers
+        body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
     except orjson.JSONEncodeError:  # a lone surrogate in a client's text, which orjson refuses: escaped instead
         body = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

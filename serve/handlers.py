@@ -29,7 +29,7 @@ class RequestError(BentoMLException):
         super().__init__(message, error_code=HTTPStatus(status))
 
 
-async def _answer(scope: Scope, send: Send, answer: typing.Awaitable[dict[str, Any]]) -> None:
+async def _answer(scope: Scope, send: Send, answer: typing.Awaitable[dict[str, Any] | bytes]) -> None:
     """Send `answer`'s JSON, or a RequestError as a 4xx (5xx) with one log line: a client's mistake is one INFO
     line, never a traceback."""
     try:
@@ -71,7 +71,7 @@ async def classify_image(scope: Scope, image: bytes, params: dict[str, list[str]
     await _answer(scope, send, _classify_answer(image, params))
 
 
-async def _predict_answer(body: bytes, params: dict[str, list[str]]) -> dict[str, Any]:
+async def _predict_answer(body: bytes, params: dict[str, list[str]]) -> dict[str, Any] | bytes:
     _only_params(params, set())
     return await get_current_service().predict_json(body)
 

@@ -220,7 +220,12 @@ class ProtocolSurface:
             return await send_client_error(scope, send, err.status, err)
         except BentoMLException as err:  # the service's own 4xx (a bad image), or 503 when overloaded
             return await send_client_error(scope, send, err.error_code.value, err)
-        body_out, headers = encode_infer_response(self.name, VERSION, request.id, outputs)
+        if sum(output.value.nbytes for output in outputs) <= INLINE_JSON_BYTES:
+            body_out, headers = encode_infer_response(self.name, VERSION, request.id, outputs)
+        else:  # a large answer (any model's, megabytes) is encoded off the event loop
+            body_out, headers = await service.decoders.run(
+                encode_infer_response, self.name, VERSION, request.id, outputs
+            )
         headers.append((b"content-length", str(len(body_out)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body_out})

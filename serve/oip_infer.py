@@ -15,7 +15,7 @@ import numpy as np
 
 from serve.oip import IMAGE_INPUT, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
-from serve.tensor_inputs import check_rows, model_inputs
+from serve.tensor_inputs import check_answer_size, check_rows, model_inputs
 
 
 def _numeric(request: InferRequest, names: list[str]) -> dict[str, np.ndarray]:
@@ -50,7 +50,10 @@ async def classifier_infer(service: Any, request: InferRequest, max_rows: int) -
     return select_outputs(request, {name: outputs[name] for name in ("logits", "probabilities")}, service.classes)
 
 
-async def tensor_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:
+async def tensor_infer(
+    service: Any, request: InferRequest, max_rows: int, max_answer_numbers: int
+) -> list[OutputTensor]:
     given = _numeric(request, list(request.inputs))
     outputs = await service.batched(model_inputs(given, service.signature, max_rows))
+    check_answer_size(outputs, max_answer_numbers)
     return select_outputs(request, outputs, None)

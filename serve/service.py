@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import bentoml
 import numpy as np
+import orjson
 from bentoml import get_current_service
 from bentoml.exceptions import BentoMLException
 from bentoml.validators import ContentType
@@ -47,7 +48,7 @@ from serve.oip_infer import classifier_infer, tensor_infer
 from serve.page import PAGE, PAGE_HEADERS
 from serve.request_metrics import bound_metric_labels
 from serve.runtime import RuntimeUnavailable, best_first, load_runtime, softmax
-from serve.tensor_inputs import json_inputs, model_inputs
+from serve.tensor_inputs import check_answer_size, json_inputs, model_inputs
 from serve.tracing import skip_unexported_spans
 from train.pil_transform import BadImage, Preprocessor
 
@@ -235,7 +236,7 @@ class HandoffClassifier:
         self._require_ready()
         return await self.predict_rows(self._tensor_rows({"tensor": tensor}))
 
-    async def predict_json(self, body: bytes) -> dict[str, Any]:
+    async def predict_json(self, body: bytes) -> dict[str, Any] | bytes:
         """The /predict answer for a JSON body, parsed and checked in a thread: a classifier's
         `{"tensor": N x C x H x W}`, any model's `{"inputs": {name: nested list}}` -> `{"outputs": {...}}`."""
         self._require_ready()
@@ -244,7 +245,11 @@ class HandoffClassifier:
             return await self.predict_rows(batch)
         inputs = await self.decoders.run(self._parse_inputs, body)
         outputs = await self.batched(inputs)
-        return {"outputs": {name: value.tolist() for name, value in outputs.items()}}
+        try:
+            check_answer_size(outputs, CONFIG.max_answer_numbers)
+        except ProtocolError as err:
+            raise RequestError(str(err), status=err.status) from None
+        return await self.decoders.run(outputs_json, outputs)  # converted in a thread: it may be megabytes
 
     def _parse_inputs(self, body: bytes) -> dict[str, np.ndarray]:
         try:
@@ -285,7 +290,7 @@ class HandoffClassifier:
         """The protocol's infer, through the same batcher as every other route (serve/oip_infer.py)."""
         if self.task == TASK_IMAGE_CLASSIFICATION:
             return await classifier_infer(self, request, CONFIG.max_batch_size)
-        return await tensor_infer(self, request, CONFIG.max_batch_size)
+        return await tensor_infer(self, request, CONFIG.max_batch_size, CONFIG.max_answer_numbers)
 
     def prepare_files(self, files: list[bytes]) -> np.ndarray:
         """Encoded images -> the model's rows, each decoded and preprocessed as /classify does (in a thread)."""
@@ -351,6 +356,12 @@ class HandoffClassifier:
             "cpu": {"workers": CONFIG.workers, "model_threads": self.model_threads},
             "protocol": PROTOCOL.describe(),
         }
+
+
+def outputs_json(outputs: dict[str, np.ndarray]) -> bytes:
+    """Any model's /predict answer, `{"outputs": {name: nested list}}`, as JSON bytes."""
+    contiguous = {name: np.ascontiguousarray(value) for name, value in outputs.items()}  # what orjson requires
+    return orjson.dumps({"outputs": contiguous}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 SERVICE: Any = HandoffClassifier  # the bentoml.Service the decorator made: middlewares and APIs are set on it

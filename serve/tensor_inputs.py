@@ -67,6 +67,18 @@ def model_inputs(given: dict[str, np.ndarray], signature: Signature, max_rows: i
     return checked
 
 
+def check_answer_size(outputs: dict[str, np.ndarray], max_numbers: int) -> None:
+    """Refuse an answer larger than one response may carry, before it is converted to JSON or binary: a 29 KB
+    request to an outer-product model made a 172 MB answer and a 2 GB peak (security round 3, item 10)."""
+    numbers = sum(int(np.size(value)) for value in outputs.values())
+    if numbers > max_numbers:
+        raise ProtocolError(
+            f"the model's answer holds {numbers} numbers, more than the {max_numbers} one response may carry "
+            "(HANDOFF_MAX_BODY_MB x 65,536); send fewer rows",
+            status=413,
+        )
+
+
 def check_rows(rows: int, max_rows: int) -> None:
     if not 1 <= rows <= max_rows:
         raise ProtocolError(f"{rows} rows; send 1 to {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)")

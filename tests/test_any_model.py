@@ -230,6 +230,36 @@ def test_one_clients_out_of_vocabulary_token_fails_only_its_own_request(servers,
     assert "Traceback" not in servers["text"].log.read_text()
 
 
+def test_an_answer_larger_than_a_response_may_carry_is_refused(tmp_path: Path):
+    """Security round 3, item 10: any model's answer was unbounded and converted on the event loop (a 29 KB request
+    to an outer-product model: a 172 MB answer, a 2 GB peak, a 3 s stall). With HANDOFF_MAX_BODY_MB=1 an answer
+    may hold 65,536 numbers: a series of 200 (40,000 numbers) is answered exactly, one of 300 (90,000) gets 413."""
+    torch.manual_seed(0)
+    model = user_models().OuterProduct().eval()
+    torch.save(model.state_dict(), tmp_path / "outer.pth")
+    torch.save({"series": torch.randn(2, 16)}, tmp_path / "example.pt")
+    out = tmp_path / "outer.export"
+    done = export_cli(
+        str(tmp_path / "outer.pth"), "--model", "models:OuterProduct", "--example", str(tmp_path / "example.pt"),
+        "--dynamic", "series:1", "--formats", "onnx", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(out), HANDOFF_MAX_BODY_MB="1") as srv:
+        srv.wait_ready()
+        series = torch.randn(1, 200)
+        small = httpx.post(f"{srv.url}/predict", json={"inputs": {"series": series.tolist()}}, timeout=60)
+        large = httpx.post(f"{srv.url}/predict", json={"inputs": {"series": torch.randn(1, 300).tolist()}}, timeout=60)
+        client = triton.InferenceServerClient(srv.url.removeprefix("http://"))
+        value = triton.InferInput("series", [1, 300], "FP32")
+        value.set_data_from_numpy(np.zeros((1, 300), dtype=np.float32))
+        with pytest.raises(triton.InferenceServerException, match="more than the 65536"):
+            client.infer("handoff", [value])
+    assert small.status_code == 200, small.text
+    with torch.inference_mode():
+        np.testing.assert_allclose(small.json()["outputs"]["output"], model(series).numpy(), **TOLERANCE)
+    assert large.status_code == 413 and "90000 numbers, more than the 65536" in large.json()["error"], large.text
+
+
 def test_the_tabular_model_answers_its_dict_of_outputs(servers, trained):
     model, url = eager("tabular", trained), servers["tabular"].url
     example = tabular_example(4, seed=9)

@@ -251,6 +251,28 @@ def test_many_scan_jpegs_and_other_formats_are_refused_before_decoding(served):
     assert scans_s < probe_timeout_s()
 
 
+def test_an_animated_webp_with_a_huge_canvas_is_refused_before_decoding(served):
+    """Item 8: an animated WebP of a 6000 x 6000 canvas (a few hundred KB here; 136 bytes can claim it) cost
+    +0.55-0.7 GB to decode its first frame. Now its canvas is held to HANDOFF_MAX_PIXELS / 8; a small one serves."""
+    frames = [Image.new("RGB", (6000, 6000), color) for color in ("red", "blue")]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "WEBP", save_all=True, append_images=frames[1:], quality=1)
+    small = io.BytesIO()
+    frames[0].resize((64, 64)).save(small, "WEBP", save_all=True, append_images=[frames[1].resize((64, 64))])
+    del frames
+
+    def attack():
+        return post(served, "/classify", buffer.getvalue(), "image/webp")
+
+    growth, answer = peak_growth_mb(served.proc.pid, attack)
+    print(
+        f"\n{len(buffer.getvalue()) / 1e3:.0f} KB animated WebP of 6000 x 6000: {answer.status_code}, +{growth:.0f} MB"
+    )
+    assert answer.status_code == 413 and "animated image" in answer.json()["error"], answer.text
+    assert growth < 100
+    assert post(served, "/classify", small.getvalue(), "image/webp").status_code == 200
+
+
 def test_newlines_in_paths_and_input_names_forge_no_log_lines(served):
     """Item 13: a newline in a URL path (no key needed) or in a protocol input's name reached the log as a new line,
     so a client could write lines of its own. Now each is escaped, in the access line and the client-error line."""

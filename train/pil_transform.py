@@ -33,6 +33,10 @@ OPEN_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF")
 # write about 10, and a photo's thumbnail adds its own. A file of thousands of tiny scans (234 KB) held a decoder
 # 19 s, past the request's deadline, which cannot stop a decode (security round 3, item 5).
 MAX_JPEG_SCANS = 100
+# An animated image's first frame is decoded onto a full RGBA canvas, with copies: a 6000 x 6000 animated WebP
+# (190 KB) took +549 MB to load against ~110 MB for a still image of that size (a 136-byte one, +0.7 GB, security
+# round 3, item 8). Its canvas may hold this share of HANDOFF_MAX_PIXELS (5 MP of the default 40).
+ANIMATED_PIXEL_SHARE = 8
 # The longest side may be at most this many times the shortest (a wide panorama is about 10): the resize scales
 # the shorter side up or down to `resize`, so a 1 x 40,000 strip would become 256 x 10,240,000 pixels.
 MAX_ASPECT_RATIO = 50
@@ -93,6 +97,12 @@ class Preprocessor:
         if width * height > self.max_pixels:  # checked before any pixel is decoded
             raise BadImage(
                 f"image is {width}x{height} = {width * height} pixels, above the limit of {self.max_pixels}", status=413
+            )
+        if getattr(image, "is_animated", False) and width * height > self.max_pixels // ANIMATED_PIXEL_SHARE:
+            raise BadImage(
+                f"the animated image is {width}x{height} = {width * height} pixels, above the limit of "
+                f"{self.max_pixels // ANIMATED_PIXEL_SHARE} for an animation (1/{ANIMATED_PIXEL_SHARE} of a still's)",
+                status=413,
             )
         self.resized_size(width, height)  # and what the resize would make of it, before any pixel is decoded
         if image.format in ("JPEG", "MPO"):

@@ -3,6 +3,7 @@
 - TextClassifier: token ids (int64, a sequence of any length) and a padding mask (bool) -> class logits,
   an embedding and a small transformer encoder.
 - TabularModel: float features and int64 categories -> a dict of two outputs, a score and class probabilities.
+- OuterProduct: a series of any length -> its outer product, an answer that grows with the square of the input.
 """
 
 import torch
@@ -39,6 +40,18 @@ class TabularModel(nn.Module):
         embedded = [embedding(categories[:, i]) for i, embedding in enumerate(self.embeddings)]
         hidden = self.body(torch.cat([features, *embedded], dim=1))
         return {"score": self.score(hidden), "probs": torch.softmax(self.classes(hidden), dim=1)}
+
+
+class OuterProduct(nn.Module):
+    """A model whose answer grows with the square of its input: a series [N, L] -> its outer product [N, L, L]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Linear(1, 1)
+
+    def forward(self, series: torch.Tensor) -> torch.Tensor:
+        scaled = self.scale(series.unsqueeze(-1)).squeeze(-1)
+        return scaled.unsqueeze(2) * scaled.unsqueeze(1)
 
 
 class SummingModel(nn.Module):
