@@ -51,11 +51,16 @@ def _user_factory(spec: str) -> Callable[..., nn.Module]:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"--model={spec!r}: cannot import it ({err})") from None
+    except Exception as err:  # noqa: BLE001 - the user's module raised while it was imported: one line, not a traceback
+        raise ValueError(f"--model={spec!r}: importing it raised {type(err).__name__}: {err}") from None
 
 
 def _call_factory(factory: Callable[..., nn.Module], num_classes: int | None) -> nn.Module:
     accepts = "num_classes" in inspect.signature(factory).parameters
-    return factory(num_classes=num_classes) if accepts and num_classes is not None else factory()
+    try:
+        return factory(num_classes=num_classes) if accepts and num_classes is not None else factory()
+    except Exception as err:  # noqa: BLE001 - the user's factory raised: say so in one line, exit 2
+        raise ValueError(f"--model: calling {factory.__name__}() raised {type(err).__name__}: {err}") from None
 
 
 def resolve_arch(src: Source, arch_flag: str | None) -> str:
@@ -186,6 +191,8 @@ def build_user_model(src: Source, model_flag: str) -> tuple[nn.Module, Unwrapped
         model = factory()
     except TypeError as err:
         raise ValueError(f"--model={model_flag}: calling it with no arguments failed ({err})") from None
+    except Exception as err:  # noqa: BLE001 - the user's factory raised: one line and exit 2, not a traceback
+        raise ValueError(f"--model={model_flag}: calling it raised {type(err).__name__}: {err}") from None
     if not isinstance(model, nn.Module):
         raise ValueError(f"--model={model_flag}: returned {type(model).__name__}, not an nn.Module")
     state = src.module.state_dict() if src.module is not None else src.state_dict

@@ -169,7 +169,13 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
             if self._in_request():
                 self._disarm()
 
-        # uvicorn's parser callbacks (httptools and h11 alike call them): where a request's headers begin and end.
+        def handle_websocket_upgrade(self) -> None:  # uvicorn's: the socket goes to its WebSocket protocol
+            shedding.open.pop(self, None)  # which this table does not follow (it leaked the entry)
+            self._disarm()
+            self._disarm_write()
+            super().handle_websocket_upgrade()
+
+        # httptools' parser callbacks: where a request's headers begin and end.
         def on_message_begin(self) -> None:
             self.headers_done = False
             super().on_message_begin()

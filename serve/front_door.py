@@ -112,6 +112,8 @@ class FrontDoor:
         self.reading = Slots(min(reading, max(1, max_connections // 2)) if max_connections else reading)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # no route takes one: closed before it is accepted (HTTP 403)
+            return await send({"type": "websocket.close", "code": 1008})
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = scope.get("headers") or []

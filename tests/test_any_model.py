@@ -345,6 +345,12 @@ def test_exports_that_cannot_work_are_refused_with_one_line(trained, tmp_path):
         (export_cli(str(tmp_path / "sum.pth"), *summing), "batch", "output 'output' has shape []"),
         (text_model(trained / "text_example.pt", "--int8"), "--int8", "image classifiers"),
         (text_model(trained / "text_example.pt", "--dynamic", "tokens:0"), "dimension 0 is the batch", ""),
+        # a factory that raises (security round 3, low: was a traceback and exit 1)
+        (
+            export_cli(text, "--model", "models:raising_factory", "--example", str(wrong), "--out", str(out)),
+            "calling it raised RuntimeError",
+            "no GPU here",
+        ),
     ]
     for result, *words in cases:
         assert result.returncode == 2, result.stderr[-2000:]

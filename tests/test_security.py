@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import TRAIN, load, run
 
 
@@ -48,8 +49,10 @@ def test_a_run_folder_any_user_can_write_to_is_refused(tmp_path: Path):
     assert not (out / "last.pt").exists()
 
 
-def test_a_fifo_among_the_training_images_is_refused_not_waited_on(tmp_path: Path):
-    """A FIFO named *.png blocked the trainer in open() forever (SIGTERM could not end it, the lock stayed held)."""
+@pytest.mark.parametrize("trap", ["fifo", "empty"])
+def test_a_fifo_or_an_empty_file_among_the_training_images_is_refused_when_scanned(tmp_path: Path, trap: str):
+    """A FIFO named *.png blocked the trainer in open() forever (SIGTERM could not end it, the lock stayed held); a
+    0-byte one crashed training mid-epoch (security round 3, low). Both are refused while the folder is scanned."""
     import os
 
     from PIL import Image
@@ -59,13 +62,17 @@ def test_a_fifo_among_the_training_images_is_refused_not_waited_on(tmp_path: Pat
         for cls in ("a", "b"):
             (data / split / cls).mkdir(parents=True)
             Image.new("RGB", (8, 8), (40 if cls == "a" else 200, 0, 0)).save(data / split / cls / "0.png")
-    os.mkfifo(data / "train" / "a" / "trap.png")
+    if trap == "fifo":
+        os.mkfifo(data / "train" / "a" / "trap.png")
+    else:
+        (data / "train" / "a" / "trap.png").write_bytes(b"")
     result = run(
         [sys.executable, TRAIN, "--epochs", "1", "--workers", "0", "--data", str(data), "--out", str(tmp_path / "r")],
         timeout=120,
     )
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "trap.png is not a regular file" in result.stderr and "Traceback" not in result.stderr
+    reason = "is not a regular file" if trap == "fifo" else "is empty (0 bytes)"
+    assert f"trap.png {reason}" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_class_folders_that_name_no_class_clearly_are_refused(tmp_path: Path):

@@ -198,6 +198,8 @@ def regular_image_file(path: str) -> bool:
         raise ValueError(f"--data: {path}: cannot be read ({err.strerror}); remove it or fix the link") from None
     if not stat.S_ISREG(mode):
         raise ValueError(f"--data: {path} is not a regular file (a FIFO, device, socket or folder); remove it")
+    if os.stat(path).st_size == 0:  # would fail the epoch it is drawn in, on whichever rank draws it
+        raise ValueError(f"--data: {path} is empty (0 bytes); remove it or copy it again")
     return True
 
 

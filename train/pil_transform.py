@@ -29,6 +29,18 @@ ACCEPTED_FORMATS = {"JPEG", "MPO", "PNG", "WEBP", "BMP", "GIF"}
 # The only plugins Image.open tries (its JPEG plugin also opens MPO): by default it tries every format Pillow
 # knows, and a 19 MB EPS held a decoder for 13 s before it was refused (security round 3, item 15).
 OPEN_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF")
+# Formats a client may send thinking they are served, told apart by their first bytes so that the answer names
+# them (415) without any of their decoders running.
+OTHER_FORMATS = {
+    b"II*\x00": "TIFF",
+    b"MM\x00*": "TIFF",
+    b"%!PS": "EPS",
+    b"\xc5\xd0\xd3\xc6": "EPS",
+    b"8BPS": "PSD",
+    b"\x00\x00\x01\x00": "ICO",
+    b"\x00\x00\x00\x0cjP  ": "JPEG 2000",
+    b"%PDF": "PDF",
+}
 # A progressive JPEG is sent in scans, and the decoder passes over the whole image for each: Pillow and mozjpeg
 # write about 10, and a photo's thumbnail adds its own. A file of thousands of tiny scans (234 KB) held a decoder
 # 19 s, past the request's deadline, which cannot stop a decode (security round 3, item 5).
@@ -86,6 +98,11 @@ class Preprocessor:
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
                 image = Image.open(io.BytesIO(data), formats=OPEN_FORMATS)  # reads the header only
         except UnidentifiedImageError:
+            other = next((name for magic, name in OTHER_FORMATS.items() if data.startswith(magic)), None)
+            if other is not None or data[4:8] == b"ftyp":  # HEIC, AVIF: an ISO media file
+                raise BadImage(
+                    f"unsupported image format {other or 'HEIC/AVIF'}; send JPEG, PNG, WebP, BMP or GIF", status=415
+                ) from None
             raise BadImage("not an image PIL can identify (expected JPEG, PNG, WebP, BMP or GIF)") from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
             raise BadImage("image dimensions exceed the pixel limit", status=413) from None

@@ -63,3 +63,8 @@ class SummingModel(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.linear(features).sum()
+
+
+def raising_factory() -> nn.Module:
+    """A mistake in a user's factory: it raises before any model exists."""
+    raise RuntimeError("no GPU here")
