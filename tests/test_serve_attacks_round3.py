@@ -300,14 +300,15 @@ def test_newlines_in_paths_and_input_names_forge_no_log_lines(served):
 
 def test_websocket_upgrades_are_refused(served):
     """Low: a WebSocket upgrade passed the key gate (its scope is not HTTP) and leaked an entry of the connection
-    table. handoff has no WebSocket route: every upgrade, with a key or without, is refused."""
+    table. handoff has no WebSocket route: every upgrade, with a key or without, is refused by the front door (the
+    leak's fix, in serve/connections.py, is not observable from outside and is not asserted here)."""
     upgrade = (
         "GET /info HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{}\r\n"
     )
     for key in ("", f"Authorization: Bearer {KEY}\r\n"):
         answer = raw_http(served.port, upgrade.format(key).encode(), timeout=5)
-        assert answer.split(b"\r\n")[0] in (b"HTTP/1.1 403 Forbidden", b"HTTP/1.1 401 Unauthorized"), answer[:200]
+        assert answer.split(b" ")[1] in (b"403", b"401") and b"101" not in answer.split(b"\r\n")[0], answer[:200]
 
 
 def test_the_guarded_service_still_serves_with_its_key(served):
