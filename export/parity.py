@@ -54,6 +54,7 @@ class Comparison:
     max_rel_error: float  # max |a - b| / max |b|: relative to the logits' scale
     top1_agreement: float | None  # None for a model that is not a classifier
     passed: bool
+    reason: str | None = None  # why it failed, in a line: the runtime's error, NaN, a shape, the tolerance
 
 
 def pin_precision() -> dict[str, Any]:
@@ -201,7 +202,7 @@ def summary_table(
         top1 = "-" if r.top1_agreement is None else f"{100 * r.top1_agreement:.1f}%"
         lines.append(
             f"  {r.artifact:<22} {r.runtime + ' / ' + r.provider:<34} {r.max_abs_error:9.2e} "
-            f"{r.max_rel_error:9.2e} {top1:>7}  {'pass' if r.passed else 'FAIL'}"
+            f"{r.max_rel_error:9.2e} {top1:>7}  {'pass' if r.passed else 'FAIL: ' + (r.reason or 'outside tolerance')}"
         )
     if not results:
         lines.append("  (no computing artifact: nothing to compare)")

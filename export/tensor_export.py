@@ -38,7 +38,7 @@ from export.manifest import (
     new_tensor_manifest,
     write_manifest,
 )
-from export.parity import Tolerance, parity_report, pin_precision
+from export.parity import Comparison, Tolerance, parity_report, pin_precision
 from export.sources import read_source
 from export.steps import library_versions, timed
 from export.tensor_model import (
@@ -94,6 +94,24 @@ def tensor_job(
     )
 
 
+def _skip_formats_that_cannot_run(
+    results: list[Comparison], exported: dict[str, dict], skipped: dict[str, str], folder: Path
+) -> list[Comparison]:
+    """A format other than ONNX whose runtime raised on a case is the format's limit, not the model's: skipped
+    with the reason, its files removed from the export. ONNX's failures, and every numerical one, stay FAILs."""
+    kept = []
+    by_artifact = {files["files"][0]: name for name, files in exported.items() if files["files"]}
+    for result in results:
+        name = by_artifact.get(result.artifact)
+        if result.passed or name in (None, "onnx") or " raised: " not in (result.reason or ""):
+            kept.append(result)
+            continue
+        skipped[result.artifact] = f"cannot run every case: {result.reason}"
+        for file in exported.pop(name)["files"]:
+            (folder / file).unlink(missing_ok=True)
+    return kept
+
+
 def write_tensor_export(
     model: SignatureModule,
     example: Example,
@@ -105,8 +123,10 @@ def write_tensor_export(
     folder: Path,
 ) -> int:
     """Write every format into `folder`, check each against the eager model, complete the manifest; the exit
-    status. A model ONNX or torch.export cannot take is ValueError (exit 2, nothing kept); one TorchScript
-    cannot trace is listed as skipped, with the reason."""
+    status. A model ONNX cannot take is ValueError (exit 2, nothing kept): ONNX is what the service runs. A format
+    beside it that cannot be written, or that raises on a parity case (torch.export specialising a dimension the
+    example declared dynamic), is skipped with its reason in the table and the manifest, its files removed; a
+    numerical mismatch in any format fails the export."""
     call = ExportCall(
         tuple(traceable(example).inputs.values()),
         model.input_names,
@@ -130,13 +150,12 @@ def write_tensor_export(
                 try:
                     exported[name] = write()
                 except Exception as err:  # noqa: BLE001 - the exporter's own words, then what to try
-                    if name == "torchscript":
-                        skipped[artifact] = f"torch.jit.trace cannot trace this model: {first_line(err)}"
-                        continue
-                    others = [f for f in ("onnx", "pt2") if f != name]
-                    raise ValueError(
-                        f"the model cannot be exported to {name}: {first_line(err)}; try --formats {','.join(others)}"
-                    ) from None
+                    if name == "onnx":
+                        raise ValueError(
+                            f"the model cannot be exported to onnx: {first_line(err)}; the service runs ONNX"
+                        ) from None
+                    tool = "torch.jit.trace" if name == "torchscript" else "torch.export"
+                    skipped[artifact] = f"{tool} cannot export this model: {first_line(err)}"
     manifest["onnx"] = (
         {"opset": exported["onnx"]["opset"], "external_data": exported["onnx"]["external_data"]}
         if "onnx" in exported
@@ -145,6 +164,7 @@ def write_tensor_export(
     precision = pin_precision()
     with timed(manifest["timings"], "parity"):
         results, cases = run_tensor_parity(model, folder, example, dynamic, list(exported), device, tol)
+    results = _skip_formats_that_cannot_run(results, exported, skipped, folder)
     manifest["parity"] = parity_report(
         results,
         device,

@@ -164,13 +164,11 @@ def describe(
     """Run the model on the example once: its signature, and the module every exporter is given. ValueError
     with the model's own message when the example does not fit it, or an output lacks the batch dimension."""
     try:
-        with torch.inference_mode():
-            output = model(**example.inputs) if example.keywords else model(*example.inputs.values())
+        outputs = name_outputs(_call(model, example))
     except Exception as err:  # noqa: BLE001 - the user's model: whatever it raises is the answer to give
         raise ValueError(
             f"the example does not fit the model: {type(err).__name__}: {first_line(err)} (given {example.described()})"
         ) from None
-    outputs = name_outputs(output)
     for name, tensor in outputs.items():
         if tensor.ndim == 0 or tensor.shape[0] != example.rows:
             raise ValueError(
@@ -188,11 +186,47 @@ def describe(
         )
         for n, t in example.inputs.items()
     )
+    following = _dims_following_dynamic(model, example, dynamic, outputs)
     signature = Signature(
         inputs,
-        tuple(TensorSpec(n, str(t.dtype).removeprefix("torch."), (-1, *t.shape[1:])) for n, t in outputs.items()),
+        tuple(
+            TensorSpec(
+                n,
+                str(t.dtype).removeprefix("torch."),
+                (-1, *(-1 if d in following.get(n, ()) else s for d, s in enumerate(t.shape) if d)),
+            )
+            for n, t in outputs.items()
+        ),
     )
     return signature, SignatureModule(model, list(example.inputs), example.keywords, list(outputs))
+
+
+def _call(model: nn.Module, example: Example) -> Any:
+    with torch.inference_mode():
+        return model(**example.inputs) if example.keywords else model(*example.inputs.values())
+
+
+def _dims_following_dynamic(
+    model: nn.Module, example: Example, dynamic: dict[str, tuple[int, ...]], outputs: dict[str, torch.Tensor]
+) -> dict[str, set[int]]:
+    """The output dimensions (beyond the batch) whose size follows a dynamic input dimension: the model is run
+    again with each dynamic length cut to about half, and a dimension that changed with it is -1 in the signature
+    (a segmenter's H and W, a sequence model's length), not the example's size."""
+    following: dict[str, set[int]] = {}
+    lengths = sorted({example.inputs[n].shape[d] for n, dims in dynamic.items() for d in dims})
+    for length in lengths:
+        shorter = max(2, length // 2)
+        if shorter >= length:
+            continue  # a length of 2 cannot be cut and still tell a dynamic dimension (torch.export's 0/1 rule)
+        try:
+            probe = name_outputs(_call(model, example.narrowed(dynamic, shorter, length)))
+        except Exception:  # noqa: BLE001 - a model that needs the example's length: its outputs keep their sizes
+            continue
+        for name, tensor in outputs.items():
+            if name in probe and probe[name].ndim == tensor.ndim:
+                changed = {d for d in range(1, tensor.ndim) if probe[name].shape[d] != tensor.shape[d]}
+                following.setdefault(name, set()).update(changed)
+    return following
 
 
 def traceable(example: Example) -> Example:

@@ -17,7 +17,7 @@ import torch
 
 from export.manifest import ONNX, PT2, TORCHSCRIPT
 from export.parity import Comparison, Tolerance, close_by_row, onnx_sessions
-from export.tensor_model import Example, SignatureModule
+from export.tensor_model import Example, SignatureModule, first_line
 
 Runner = Callable[[Example], list[np.ndarray]]
 
@@ -85,18 +85,30 @@ def run_tensor_parity(
         references = [_numpy(model(*(t.to(device) for t in case.inputs.values()))) for _, case in cases]
     results = []
     for artifact, runtime, provider, where, run in _runners(folder, formats, device):
-        worst_abs, worst_rel, passed = 0.0, 0.0, True
-        for (_, case), reference in zip(cases, references):
+        worst_abs, worst_rel, reasons = 0.0, 0.0, []
+        for (name, case), reference in zip(cases, references):
             try:
                 outputs = run(case)
-            except Exception:  # noqa: BLE001 - an artifact that cannot run a case fails parity, it does not crash
-                outputs = []
-            if len(outputs) != len(reference):  # it failed, or gives another number of outputs
+            except Exception as err:  # noqa: BLE001 - an artifact that cannot run a case fails parity, it does not crash
                 worst_abs = worst_rel = float("inf")
-                passed = False
+                reasons.append(f"{name}: {runtime} raised: {first_line(err)}")
                 continue
-            for expected, got in zip(reference, outputs, strict=True):
-                max_abs, max_rel, close = close_by_row(expected, np.asarray(got), tol)
-                worst_abs, worst_rel, passed = max(worst_abs, max_abs), max(worst_rel, max_rel), passed and close
-        results.append(Comparison(artifact, runtime, provider, where, worst_abs, worst_rel, None, passed))
+            if len(outputs) != len(reference):
+                worst_abs = worst_rel = float("inf")
+                reasons.append(f"{name}: {len(outputs)} outputs, the eager model {len(reference)}")
+                continue
+            for output, expected, got in zip(model.output_names, reference, outputs, strict=True):
+                got = np.asarray(got)
+                max_abs, max_rel, close = close_by_row(expected, got, tol)
+                worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
+                if close:
+                    continue
+                if got.shape != expected.shape:
+                    reasons.append(f"{name}: {output} has shape {list(got.shape)}, eager {list(expected.shape)}")
+                elif got.dtype.kind == "f" and not np.isfinite(got).all():
+                    reasons.append(f"{name}: NaN or Inf in {output}")
+                else:
+                    reasons.append(f"{name}: {output} outside the tolerance (max abs {max_abs:.2e})")
+        reason = reasons[0] if reasons else None
+        results.append(Comparison(artifact, runtime, provider, where, worst_abs, worst_rel, None, not reasons, reason))
     return results, [name for name, _ in cases]

@@ -230,6 +230,29 @@ def test_one_clients_out_of_vocabulary_token_fails_only_its_own_request(servers,
     assert "Traceback" not in servers["text"].log.read_text()
 
 
+def test_a_format_that_cannot_take_a_dynamic_length_is_skipped_with_its_reason(tmp_path: Path):
+    """Issue 44, item 4: a GRU forecaster exported with `--dynamic series:1`. The output's length follows the
+    input's, so the signature says -1 there (it said the example's 12); a format that cannot run every length is
+    skipped with its runtime's reason (torch.export specialised the length, and its `inf inf FAIL` failed the whole
+    export though ONNX, which the service runs, passed); every FAIL in a table says why."""
+    torch.manual_seed(0)
+    torch.save(user_models().Forecaster().state_dict(), tmp_path / "gru.pth")
+    torch.save({"series": torch.randn(3, 12, 1)}, tmp_path / "example.pt")
+    out = tmp_path / "gru.export"
+    done = export_cli(
+        str(tmp_path / "gru.pth"), "--model", "models:Forecaster", "--example", str(tmp_path / "example.pt"),
+        "--dynamic", "series:1", "--formats", "onnx,pt2,torchscript", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    manifest = read_manifest_unchecked(out)
+    assert manifest["signature"]["outputs"][0]["shape"] == [-1, -1, 1], manifest["signature"]
+    assert manifest["parity"]["pass"] is True and manifest["status"] == "passed"
+    table = "\n".join(manifest["parity"]["summary"])
+    assert "inf" not in table and " FAIL" not in table, table
+    for artifact, reason in manifest["parity"]["skipped"].items():  # whichever could not take the length
+        assert reason and not (out / artifact).exists() and artifact not in manifest["artifacts"], (artifact, reason)
+
+
 def test_an_answer_larger_than_a_response_may_carry_is_refused(tmp_path: Path):
     """Security round 3, item 10: any model's answer was unbounded and converted on the event loop (a 29 KB request
     to an outer-product model: a 172 MB answer, a 2 GB peak, a 3 s stall). With HANDOFF_MAX_BODY_MB=1 an answer
@@ -244,6 +267,7 @@ def test_an_answer_larger_than_a_response_may_carry_is_refused(tmp_path: Path):
         "--dynamic", "series:1", "--formats", "onnx", "--out", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    assert read_manifest_unchecked(out)["signature"]["outputs"][0]["shape"] == [-1, -1, -1]
     with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(out), HANDOFF_MAX_BODY_MB="1") as srv:
         srv.wait_ready()
         series = torch.randn(1, 200)

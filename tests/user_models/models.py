@@ -3,6 +3,7 @@
 - TextClassifier: token ids (int64, a sequence of any length) and a padding mask (bool) -> class logits,
   an embedding and a small transformer encoder.
 - TabularModel: float features and int64 categories -> a dict of two outputs, a score and class probabilities.
+- Forecaster: a GRU over a series of any length -> a forecast per step.
 - OuterProduct: a series of any length -> its outer product, an answer that grows with the square of the input.
 """
 
@@ -52,6 +53,19 @@ class OuterProduct(nn.Module):
     def forward(self, series: torch.Tensor) -> torch.Tensor:
         scaled = self.scale(series.unsqueeze(-1)).squeeze(-1)
         return scaled.unsqueeze(2) * scaled.unsqueeze(1)
+
+
+class Forecaster(nn.Module):
+    """A GRU over a series of any length [N, L, 1] -> a forecast per step [N, L, 1]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(1, 8, batch_first=True)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, series: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.gru(series)
+        return self.head(hidden)
 
 
 class SummingModel(nn.Module):
