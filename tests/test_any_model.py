@@ -185,19 +185,24 @@ def test_the_text_model_answers_as_the_eager_model(servers, trained):
         np.testing.assert_allclose(predicted.json()["outputs"]["output"], expected, **TOLERANCE)
 
 
+def predict_at_once(url: str, examples: list[dict[str, torch.Tensor]], clients: int) -> list[tuple[int, dict]]:
+    """Each example sent to /predict, `clients` at a time: (status, JSON answer) in the examples' order."""
+
+    def ask(example):
+        response = httpx.post(
+            f"{url}/predict", json={"inputs": {n: t.tolist() for n, t in example.items()}}, timeout=60
+        )
+        return response.status_code, response.json()
+
+    with ThreadPoolExecutor(clients) as pool:
+        return list(pool.map(ask, examples))
+
+
 def test_requests_of_different_lengths_at_once_are_answered_exactly(servers, trained):
     """Only requests of one length share a batch (padding would change an unmasked model's answer)."""
     model, url = eager("text", trained), servers["text"].url
     examples = [text_example(1, 5 + i % 4, seed=50 + i) for i in range(24)]
-
-    def ask(example):
-        response = httpx.post(
-            f"{url}/predict", json={"inputs": {n: t.tolist() for n, t in example.items()}}, timeout=30
-        )
-        return response.status_code, response.json()
-
-    with ThreadPoolExecutor(12) as pool:
-        answers = list(pool.map(ask, examples))
+    answers = predict_at_once(url, examples, 12)
     for example, (status, body) in zip(examples, answers):
         assert status == 200, body
         with torch.inference_mode():
@@ -211,15 +216,7 @@ def test_one_clients_out_of_vocabulary_token_fails_only_its_own_request(servers,
     model, url = eager("text", trained), servers["text"].url
     examples = [text_example(1, 8, seed=200 + i) for i in range(121)]
     examples[60]["tokens"][0, 2] = 1000  # VOCAB is 100
-
-    def ask(example):
-        response = httpx.post(
-            f"{url}/predict", json={"inputs": {n: t.tolist() for n, t in example.items()}}, timeout=60
-        )
-        return response.status_code, response.json()
-
-    with ThreadPoolExecutor(32) as pool:
-        answers = list(pool.map(ask, examples))
+    answers = predict_at_once(url, examples, 32)
     status, body = answers.pop(60)
     assert status == 400 and "could not run on these inputs (tokens, mask)" in body["error"], body
     assert [status for status, _ in answers] == [200] * 120
