@@ -40,10 +40,9 @@ def replace_folder(staging: Path, out: Path) -> None:
         try:
             staging.rename(out)  # replaces at most an empty folder that appeared meanwhile
             return
-        except OSError as err:
+        except OSError:  # something put at `out` meanwhile is handled below like any existing folder
             if not out.exists():
                 raise
-            del err  # something was put at `out` meanwhile: handled below like any existing folder
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
     moved = old / out.name
     out.rename(moved)

@@ -109,6 +109,10 @@ class ModelFailed(Exception):
         super().__init__(str(cause))
         self.cause = cause
 
+    def first_line(self) -> str:
+        """The cause's first line (a runtime's error names the node and the bad value there), cut to 300 characters."""
+        return (str(self.cause).strip().splitlines() or [type(self.cause).__name__])[0][:300]
+
 
 def _average(average: float | None, sample: float) -> float:
     """A moving average over recent samples."""

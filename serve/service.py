@@ -19,7 +19,6 @@ from typing import Annotated, Any
 
 import bentoml
 import numpy as np
-import orjson
 from bentoml import get_current_service
 from bentoml.exceptions import BentoMLException
 from bentoml.validators import ContentType
@@ -48,7 +47,7 @@ from serve.oip_infer import classifier_infer, tensor_infer
 from serve.page import PAGE, PAGE_HEADERS
 from serve.request_metrics import bound_metric_labels
 from serve.runtime import RuntimeUnavailable, best_first, load_runtime, softmax
-from serve.tensor_inputs import check_answer_size, json_inputs, model_inputs
+from serve.tensor_inputs import check_answer_size, json_inputs, model_inputs, outputs_json
 from serve.tracing import skip_unexported_spans
 from train.pil_transform import BadImage, Preprocessor
 
@@ -177,9 +176,8 @@ class HandoffClassifier:
                 raise failed.cause from None
             # Any model's inputs passed the signature, yet the model refused them alone (an index out of its
             # vocabulary, a shape it cannot take): the client's input, named in a 400 and one log line.
-            first_line = (str(failed.cause).strip().splitlines() or [type(failed.cause).__name__])[0][:300]
             raise RequestError(
-                f"the model could not run on these inputs ({self._input_names()}): {first_line}"
+                f"the model could not run on these inputs ({self._input_names()}): {failed.first_line()}"
             ) from None
 
     def _classify_batch(self, batch: np.ndarray) -> dict[str, np.ndarray]:
@@ -356,12 +354,6 @@ class HandoffClassifier:
             "cpu": {"workers": CONFIG.workers, "model_threads": self.model_threads},
             "protocol": PROTOCOL.describe(),
         }
-
-
-def outputs_json(outputs: dict[str, np.ndarray]) -> bytes:
-    """Any model's /predict answer, `{"outputs": {name: nested list}}`, as JSON bytes."""
-    contiguous = {name: np.ascontiguousarray(value) for name, value in outputs.items()}  # what orjson requires
-    return orjson.dumps({"outputs": contiguous}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 SERVICE: Any = HandoffClassifier  # the bentoml.Service the decorator made: middlewares and APIs are set on it

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import orjson
 
 from export.signature import Signature, TensorSpec
 from serve.oip_codec import OIP_DATATYPE, ProtocolError, fits_integers, json_array
@@ -77,6 +78,12 @@ def check_answer_size(outputs: dict[str, np.ndarray], max_numbers: int) -> None:
             "(HANDOFF_MAX_BODY_MB x 65,536); send fewer rows",
             status=413,
         )
+
+
+def outputs_json(outputs: dict[str, np.ndarray]) -> bytes:
+    """Any model's /predict answer, `{"outputs": {name: nested list}}`, as JSON bytes (in a thread: megabytes)."""
+    contiguous = {name: np.ascontiguousarray(value) for name, value in outputs.items()}  # what orjson requires
+    return orjson.dumps({"outputs": contiguous}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def check_rows(rows: int, max_rows: int) -> None:
