@@ -46,7 +46,7 @@ from serve import access_log  # noqa: E402
 from serve.auth import ApiKeyGate  # noqa: E402
 from serve.deadline import ResponseDeadline  # noqa: E402
 from serve.front_door import BodyRoute, FrontDoor, Scope, Send, send_json  # noqa: E402
-from serve.request_metrics import bound_metric_labels  # noqa: E402
+from serve.request_metrics import RequestMetrics  # noqa: E402
 
 BODY = b"x" * 20_000
 SCOPE = {
@@ -71,40 +71,35 @@ async def answer(scope: Scope, body: bytes, params: dict[str, list[str]], send: 
     await send_json(send, 200, ANSWER)
 
 
-def metrics_pair() -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
-    """BentoML's metrics middleware and handoff's, sharing one set of Prometheus metrics (a process may
+def their_metrics() -> Callable[[Any], Any]:
+    """BentoML's metrics middleware, every instance sharing one set of Prometheus metrics (a process may
     register each name once)."""
-    theirs_class = instruments.RunnerTrafficMetricsMiddleware
-    bound_metric_labels({"/classify"})
-    ours_class = instruments.RunnerTrafficMetricsMiddleware
-    shared = theirs_class(nowhere, namespace="bentoml_api_server", skip_paths=["/livez"])
+    shared = instruments.RunnerTrafficMetricsMiddleware(nowhere, namespace="bentoml_api_server", skip_paths=["/livez"])
     shared._setup()
     metrics = {k: v for k, v in vars(shared).items() if k.startswith("metrics_") or k == "_is_setup"}
 
-    def sharing(cls: type) -> Callable[[Any], Any]:
-        def layer(app: Any) -> Any:
-            middleware = cls(app, namespace="bentoml_api_server", skip_paths=["/livez"])
-            vars(middleware).update(metrics)
-            return middleware
+    def layer(app: Any) -> Any:
+        middleware = instruments.RunnerTrafficMetricsMiddleware(
+            app, namespace="bentoml_api_server", skip_paths=["/livez"]
+        )
+        vars(middleware).update(metrics)
+        return middleware
 
-        return layer
-
-    return sharing(theirs_class), sharing(ours_class)
+    return layer
 
 
 def chains() -> dict[str, dict[str, Any]]:
     """{"bentoml" | "handoff": {"+layer": the app, chain built up to that layer}}."""
-    their_metrics, our_metrics = metrics_pair()
     build = {
         "bentoml": {
             "deadline": lambda app: traffic.TimeoutMiddleware(app, timeout=60.0),
             "access log": lambda app: access.AccessLogMiddleware(app, skip_paths=["/livez"]),
-            "metrics": their_metrics,
+            "metrics": their_metrics(),
         },
         "handoff": {
             "deadline": lambda app: ResponseDeadline(app, timeout=60.0),
-            "access log": lambda app: access_log.AccessLine(app, skip_paths=["/livez"]),
-            "metrics": our_metrics,
+            "access log": lambda app: access_log.AccessLine(app, skip_paths=("/livez",)),
+            "metrics": lambda app: RequestMetrics(app, frozenset({"/classify"})),
         },
     }
     out: dict[str, dict[str, Any]] = {}

@@ -2,8 +2,9 @@
 
 BentoML's AccessLogMiddleware builds its line and its log record on the event loop after each response, and
 hands it to the log's handlers there: 37 us of the loop's CPU per request in process (`bench/stack_cost.py`),
-twice the request's own front door. `AccessLine` stands in for it (BentoML builds it with the same options,
-the same skipped paths, the same line) but the loop only hands over what the line is made of: the request's
+twice the request's own front door. So the service turns BentoML's off in its configuration
+(`logging.access.enabled: false`) and adds `AccessLine` with `add_asgi_middleware`: the same line, logger,
+fields and skipped paths as BentoML's defaults, but the loop only hands over what the line is made of: the request's
 scope, the response's first message, the latency, the time, and the request's context, where BentoML's log
 filters read the trace ids. A writer thread makes the records, runs the filters inside that context, formats
 them and writes the lines of up to 50 ms at a time (one wake-up and one write each, not one per line). Past
@@ -11,8 +12,7 @@ them and writes the lines of up to 50 ms at a time (one wake-up and one write ea
 never the loop blocked, and the next line written says how many went.
 
 Where BentoML has not configured its server logging (an app called in process), the line is logged on the spot.
-Like serve/deadline.py this replaces a class BentoML looks up when it builds the app (bentoml is pinned exactly
-in pyproject.toml).
+HANDOFF_ACCESS_LOG=0 leaves the middleware out.
 """
 
 from __future__ import annotations
@@ -37,14 +37,17 @@ LOGGER = logging.getLogger("bentoml.access")
 log = logging.getLogger("bentoml.handoff.access_log")
 
 
+SKIPPED = ("/metrics", "/healthz", "/livez", "/readyz")  # BentoML's default: no line for probes and scrapes
+
+
 @dataclass(frozen=True)
 class LineFields:
-    """The optional fields BentoML's configuration asks for (`api_server.logging.access.*`)."""
+    """The optional fields of the line; all four, as BentoML's default configuration has them."""
 
-    request_length: bool = False
-    request_type: bool = False
-    response_length: bool = False
-    response_type: bool = False
+    request_length: bool = True
+    request_type: bool = True
+    response_length: bool = True
+    response_type: bool = True
 
     def args(self, scope: Scope, start: dict[str, Any] | None, latency_ms: float) -> tuple[object, ...]:
         """The line's arguments, as BentoML's middleware formats them."""
@@ -173,22 +176,12 @@ _writer: AccessLogWriter | None = None  # set in the server's worker by write_ac
 
 
 class AccessLine:
-    """Stands in for bentoml's AccessLogMiddleware, with its arguments and its line."""
+    """BentoML's access-log line for every request but the probes and scrapes (`skip_paths`)."""
 
-    def __init__(
-        self,
-        app: Any,
-        has_request_content_length: bool = False,
-        has_request_content_type: bool = False,
-        has_response_content_length: bool = False,
-        has_response_content_type: bool = False,
-        skip_paths: tuple[str, ...] | list[str] = (),
-    ) -> None:
+    def __init__(self, app: Any, fields: LineFields | None = None, skip_paths: tuple[str, ...] = SKIPPED) -> None:
         self.app = app
-        self.fields = LineFields(
-            has_request_content_length, has_request_content_type, has_response_content_length, has_response_content_type
-        )
-        self.skip_paths = tuple(skip_paths)
+        self.fields = fields or LineFields()
+        self.skip_paths = skip_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         logged = scope["type"] == "http" and LOGGER.isEnabledFor(logging.INFO)  # (the service has no websockets)
@@ -213,13 +206,6 @@ class AccessLine:
             await send(message)
 
         await self.app(scope, receive, logged_send)
-
-
-def replace_bentoml_access_log() -> None:
-    """Use AccessLine wherever BentoML would build its AccessLogMiddleware."""
-    from bentoml._internal.server.http import access
-
-    access.AccessLogMiddleware = AccessLine  # type: ignore[misc, assignment]
 
 
 def write_access_log_off_the_loop() -> AccessLogWriter | None:

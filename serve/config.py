@@ -77,6 +77,8 @@ class ServeConfig:
     """requests in progress at once; more are answered 429 at once instead of queueing into timeouts"""
     body_timeout_s: int = _setting("HANDOFF_BODY_TIMEOUT_S", 10, _env_int)
     """an upload not complete by then gets 408: a stalled client holds a reading slot this long at most"""
+    access_log: bool = _setting("HANDOFF_ACCESS_LOG", True, lambda name, value: value != "0")
+    """0: no access-log line per request (serve/access_log.py; BentoML's own is always off)"""
     max_connections: int = _setting("HANDOFF_MAX_CONNECTIONS", 1024, _env_int)
     """open connections per worker (kept under `ulimit -n`); past it the oldest idle one is closed for the new one"""
     header_timeout_s: int = _setting("HANDOFF_HEADER_TIMEOUT_S", 10, _env_int)

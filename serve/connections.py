@@ -5,9 +5,9 @@ uvicorn (which BentoML runs) closes a kept-alive connection after 5 idle seconds
 that sends nothing, or sends its headers a byte at a time, may stay open forever, and it accepts connections
 until the process runs out of file descriptors: ~20,000 idle sockets left /livez, /readyz and /info
 unanswered, with nothing logged. An ASGI middleware never sees such a connection (it sees requests), so
-these bounds live in uvicorn's HTTP protocol: `install` makes uvicorn build its connections from a subclass
-of its own protocol class that adds them, before BentoML's worker starts uvicorn (uvicorn is pinned in
-pyproject.toml for that reason; tests/test_serve_attacks.py holds it to its promises).
+these bounds live in uvicorn's HTTP protocol: `guarded` makes a subclass of uvicorn's protocol class that adds
+them, which serve/patches.py makes uvicorn's default before BentoML's worker starts it (uvicorn's range in
+pyproject.toml is narrow for that reason; tests/test_serve_attacks.py holds it to its promises).
 
 At the cap, a new connection sheds the oldest one that has no request in progress (idle, or still sending
 its headers), so a probe that connects afresh is answered even while thousands of idle sockets are open; only
@@ -126,6 +126,7 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
     counts_headers = hasattr(protocol, "on_headers_complete")  # httptools' callbacks, which the counting needs
 
     class GuardedProtocol(protocol):  # type: ignore[misc, valid-type]
+        connections_served = 0
         deadline: asyncio.TimerHandle | None = None
         deadline_is_idle = False
         write_deadline: asyncio.TimerHandle | None = None
@@ -138,6 +139,7 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
+            GuardedProtocol.connections_served += 1  # the start-up self-check's evidence (serve/patches.py)
             if len(shedding.open) >= cap and not self._shed_oldest_idle():
                 shedding.refused += 1
                 shedding.report(cap)
@@ -254,13 +256,5 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
             return False
 
     GuardedProtocol.__name__ = GuardedProtocol.__qualname__ = f"Guarded{protocol.__name__}"
+    GuardedProtocol.handoff_guarded = True
     return GuardedProtocol
-
-
-def install(limits: ConnectionLimits) -> None:
-    """Make uvicorn's default ("auto") HTTP protocol the guarded one; BentoML's worker starts uvicorn with it."""
-    from uvicorn.protocols.http import auto
-
-    if not getattr(auto.AutoHTTPProtocol, "handoff_guarded", False):
-        auto.AutoHTTPProtocol = guarded(auto.AutoHTTPProtocol, limits)
-        auto.AutoHTTPProtocol.handoff_guarded = True  # type: ignore[attr-defined]

@@ -4,8 +4,8 @@ answered 504, as BentoML's own TimeoutMiddleware does, at less cost per request.
 BentoML's runs each request in a task of its own and arms a timer it never cancels: every answered request
 leaves its timer, future and closures on the event loop until the timeout passes (60 s of requests, ~4 KB
 each), and pays a task switch. This one cancels the request in place (`asyncio.timeout`), disarms the timer
-at the response's first message, and frees it when the request ends. Like serve/request_metrics.py it replaces
-a class BentoML looks up when it builds the app (bentoml is pinned exactly in pyproject.toml).
+at the response's first message, and frees it when the request ends. BentoML builds it in its own middleware's
+place (serve/patches.py: no configuration leaves BentoML's out).
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from serve.front_door import Receive, Scope, Send, send_json
 class ResponseDeadline:
     """Stands in for bentoml's TimeoutMiddleware, with its arguments and its answer."""
 
+    built = False  # set once BentoML has built one: serve/patches.py's start-up self-check
+
     def __init__(self, app: Any, timeout: float) -> None:
+        ResponseDeadline.built = True
         self.app = app
         self.timeout = timeout
 
@@ -40,10 +43,3 @@ class ResponseDeadline:
             if not deadline.expired():
                 raise  # the app's own TimeoutError, not the deadline's: a 500 like any other fault
             await send_json(send, 504, {"error": f"Not able to process the request in {self.timeout} seconds"})
-
-
-def replace_bentoml_timeout() -> None:
-    """Use ResponseDeadline wherever BentoML would build its TimeoutMiddleware."""
-    from bentoml._internal.server.http import traffic
-
-    traffic.TimeoutMiddleware = ResponseDeadline  # type: ignore[misc, assignment]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import typing
 from http import HTTPStatus
-from pathlib import Path
 from typing import Any
 
 from bentoml import get_current_service  # resolved once: `bentoml.get_current_service` imports it on every use
@@ -79,13 +78,3 @@ async def _predict_answer(body: bytes, params: dict[str, list[str]]) -> dict[str
 async def predict_tensor(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
     """POST /predict: the JSON body, bounded by what the model can take and parsed off the event loop."""
     await _answer(scope, send, _predict_answer(body, params))
-
-
-def form_fields(api: Any) -> dict[str, str]:
-    """A multipart endpoint's fields, read off its signature, so the limits check cannot drift from it."""
-    hints = typing.get_type_hints(api.func)
-    return {
-        name: "file" if hint is Path else "integer" if hint is int else "text"
-        for name, hint in hints.items()
-        if name not in ("return", "self")
-    }

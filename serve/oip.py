@@ -22,10 +22,9 @@ import numpy as np
 from bentoml.exceptions import BentoMLException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from export.signature import TASK_IMAGE_CLASSIFICATION, Signature
-from serve.front_door import BodyRoute, Scope, Send
+from serve.front_door import Scope, Send
 from serve.handlers import send_client_error
 from serve.oip_codec import (
     OIP_DATATYPE,
@@ -88,19 +87,6 @@ def model_paths(name: str) -> list[str]:
     return [f"/v2/models/{name}", f"/v2/models/{name}/versions/{VERSION}"]
 
 
-def open_paths(name: str) -> set[str]:
-    """The protocol's probes: open without an API key, like /livez and /readyz."""
-    return {"/v2/health/live", "/v2/health/ready", *(f"{p}/ready" for p in model_paths(name))}
-
-
-def known_paths(name: str) -> set[str]:
-    """Every protocol path the service answers (so /metrics labels stay bounded)."""
-    paths = {"/v2", *open_paths(name)}
-    for prefix in model_paths(name):
-        paths |= {prefix, f"{prefix}/config", f"{prefix}/infer"}
-    return paths
-
-
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -114,30 +100,7 @@ class ProtocolSurface:
         self.version = server_version
         self.service = service
 
-    def routes(self) -> list[Route]:
-        get = ["GET"]
-        routes = [
-            Route("/v2", self._server_metadata, methods=get),
-            Route("/v2/health/live", self._live, methods=get),
-            Route("/v2/health/ready", self._ready, methods=get),
-        ]
-        for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-            routes += [
-                Route(prefix, self._model(self._model_metadata), methods=get),
-                Route(f"{prefix}/ready", self._model(self._ready), methods=get),
-                Route(f"{prefix}/config", self._model(self._model_config), methods=get),
-            ]
-        # Anything else under /v2 (an unknown model's infer, a typo) is a JSON 404, never a text page.
-        methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]
-        routes.append(Route("/v2/{rest:path}", self._not_found, methods=methods))
-        return routes
-
-    def infer_routes(self) -> dict[str, BodyRoute]:
-        """POST .../infer for the front door: binary bodies come with no Content-Type (tritonclient's default)."""
-        media = frozenset({"", "application/json", "application/octet-stream"})
-        return {f"{prefix}/infer": BodyRoute(media, self._infer) for prefix in model_paths(self.name)}
-
-    def _model(self, handler: Callable[[Request], Awaitable[JSONResponse]]) -> Callable[..., Any]:
+    def for_this_model(self, handler: Callable[[Request], Awaitable[JSONResponse]]) -> Callable[..., Any]:
         async def checked(request: Request) -> JSONResponse:
             name, version = request.path_params["name"], request.path_params.get("version", VERSION)
             if name != self.name or version != VERSION:
@@ -146,16 +109,16 @@ class ProtocolSurface:
 
         return checked
 
-    async def _not_found(self, request: Request) -> JSONResponse:
+    async def not_found(self, request: Request) -> JSONResponse:
         return error(404, f"no protocol endpoint {request.method} {request.url.path[:200]}")
 
-    async def _server_metadata(self, request: Request) -> JSONResponse:
+    async def server_metadata(self, request: Request) -> JSONResponse:
         return JSONResponse({"name": "handoff", "version": self.version, "extensions": EXTENSIONS})
 
-    async def _live(self, request: Request) -> JSONResponse:
+    async def live(self, request: Request) -> JSONResponse:
         return JSONResponse({"live": True})
 
-    async def _ready(self, request: Request) -> JSONResponse:
+    async def ready(self, request: Request) -> JSONResponse:
         reason = self.service().not_ready
         return JSONResponse({"ready": True}) if reason is None else error(503, f"model not ready: {reason}")
 
@@ -165,7 +128,7 @@ class ProtocolSurface:
             return error(503, f"model not ready: {service.not_ready}")
         return served_tensors(service.task, service.signature)
 
-    async def _model_metadata(self, request: Request) -> JSONResponse:
+    async def model_metadata(self, request: Request) -> JSONResponse:
         tensors = self._tensors()
         if isinstance(tensors, JSONResponse):
             return tensors
@@ -180,7 +143,7 @@ class ProtocolSurface:
             }
         )
 
-    async def _model_config(self, request: Request) -> JSONResponse:
+    async def model_config(self, request: Request) -> JSONResponse:
         tensors = self._tensors()
         if isinstance(tensors, JSONResponse):
             return tensors
@@ -202,7 +165,7 @@ class ProtocolSurface:
             }
         )
 
-    async def _infer(self, scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
+    async def infer(self, scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
         service = self.service()
         try:
             if params:

@@ -1,93 +1,145 @@
-"""BentoML's request metrics, kept bounded and made cheap: the same Prometheus series, names and values.
+"""The request metrics on /metrics: BentoML's series names and values, counted by handoff's own middleware.
 
-Bounded: BentoML labels its request metrics by the raw request path, so every unknown path (a scanner's 10 KB
-of junk) would add series that live until the worker restarts. Its traffic-metrics middleware runs outside
-every user middleware, so the path cannot be cleaned up on the way in. Instead its class is replaced, before
-the server builds its app, by a subclass that counts any path the service does not serve under one constant
-(`UNKNOWN`), and hands the app behind it the real path, so the router still answers it (a JSON 404 under /v2,
-the protocol's form). tests/test_serve.py checks the series count under junk paths.
+BentoML's own request metrics are turned off in the service's configuration (`metrics: {"enabled": False}`)
+for two measured reasons. They are labelled by the raw request path, so every unknown path a scanner sends
+would add series that live until the worker restarts; and its middleware looks up four labelled series by
+five values for every request (70 us of the event loop per request in process, `bench/stack_cost.py`). This
+middleware, added with `add_asgi_middleware`, keeps BentoML's series (`bentoml_service_request_total`,
+`..._request_duration_seconds`, `..._request_in_progress`, `..._last_request_timestamp_seconds`) with the same
+labels, counts a path the service does not serve under one constant (`UNKNOWN`), and looks each labelled
+series up once. tests/test_serve.py checks the series under junk paths.
 
-Cheap: for each request BentoML looks up four labelled series by five label values each (`labels()`: sorting
-and checking the values, a lock) and wraps `receive` as well as `send`: 70 us of the event loop's CPU per
-request in process (`bench/stack_cost.py`), more than the front door's. The subclass keeps each series it has
-looked up, by path (and status), and updates the same series the same way: the last-request time, the
-requests in progress, then the request's count and duration once its response has ended. WebSockets (the
-service has none) and /metrics itself go through BentoML's own code.
-
-This touches BentoML's private internals (bentoml is pinned exactly in pyproject.toml).
+With several workers, BentoML's server gives each one PROMETHEUS_MULTIPROC_DIR: prometheus_client then keeps
+the values in files there, and /metrics reads every worker's (prometheus_client's multiprocess mode).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from dataclasses import dataclass
 from timeit import default_timer
 from typing import Any
 
+import bentoml
+import prometheus_client
+from prometheus_client import multiprocess
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serve.front_door import Receive, Scope, Send
+
 UNKNOWN = "/__unknown_path__"
-
-METRICS = {  # our short names for the attributes BentoML's middleware keeps its metrics in
-    "timestamp": "metrics_last_request_timestamp",
-    "in_progress": "metrics_request_in_progress",
-    "total": "metrics_request_total",
-    "duration": "metrics_request_duration",
-}
+NAMESPACE = "bentoml_service"
+NOT_TIMESTAMPED = ("/metrics", "/healthz", "/livez", "/readyz")  # probes and scrapes are not "the last request"
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 180.0)
+SERVICE_LABELS = ("service_name", "service_version", "runner_name")
 
 
-def bound_metric_labels(known_paths: set[str]) -> None:
-    from bentoml._internal.context import server_context
-    from bentoml._internal.server.http import instruments
+@dataclass(frozen=True)
+class RequestSeries:
+    """The four metrics, made once per process (prometheus_client refuses a name registered twice)."""
 
-    base = instruments.RunnerTrafficMetricsMiddleware
-    if getattr(base, "handoff_bounded", False):
-        return
+    total: prometheus_client.Counter
+    duration: prometheus_client.Histogram
+    in_progress: prometheus_client.Gauge
+    last_request: prometheus_client.Gauge
 
-    class BoundedPathMetrics(base):  # type: ignore[misc, valid-type]
-        handoff_bounded = True
 
-        def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
-            super().__init__(app, *args, **kwargs)
-            self.skipped = tuple(self.skip_paths)  # fixed once built; BentoML made this tuple on every request
-            self.series: dict[tuple[str, str, int], Any] = {}  # (metric, path, status) -> its labelled series
+@functools.cache
+def request_series() -> RequestSeries:
+    by_path = [*SERVICE_LABELS, "endpoint"]
+    by_status = [*by_path, "http_response_code"]
+    return RequestSeries(
+        prometheus_client.Counter("request_total", "Total number of HTTP requests", by_status, namespace=NAMESPACE),
+        prometheus_client.Histogram(
+            "request_duration_seconds",
+            "API HTTP request duration in seconds",
+            by_status,
+            namespace=NAMESPACE,
+            buckets=DURATION_BUCKETS,
+        ),
+        prometheus_client.Gauge(
+            "request_in_progress",
+            "Total number of HTTP requests in progress now",
+            by_path,
+            namespace=NAMESPACE,
+            multiprocess_mode="livesum",
+        ),
+        prometheus_client.Gauge(
+            "last_request_timestamp_seconds",
+            "Timestamp of the last received request",
+            SERVICE_LABELS,
+            namespace=NAMESPACE,
+            multiprocess_mode="max",
+        ),
+    )
 
-        def _series(self, metric: str, endpoint: str, status: int = 0) -> Any:
-            """The series of `metric` for `endpoint` (and `status`), looked up once, as BentoML labels it."""
-            key = (metric, endpoint, status)
-            found = self.series.get(key)
-            if found is None:
-                service = {
-                    "service_name": server_context.bento_name,
-                    "service_version": server_context.bento_version,
-                    "runner_name": server_context.service_name,
-                }
-                labels = service if metric == "timestamp" else {**service, "endpoint": endpoint}
-                if metric in ("total", "duration"):
-                    labels["http_response_code"] = status  # type: ignore[assignment]
-                found = self.series[key] = getattr(self, METRICS[metric]).labels(**labels)
-            return found
 
-        async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-            if not self._is_setup:
-                self._setup()
-            if scope["type"] != "http" or scope["path"] == "/metrics":
-                return await super().__call__(scope, receive, send)
-            endpoint = scope["path"] if scope["path"] in known_paths else UNKNOWN
-            if not endpoint.startswith(self.skipped):
-                self._series("timestamp", "").set_to_current_time()
-            started, status = default_timer(), 0
+def _service_labels() -> dict[str, str]:
+    """As BentoML labels its series: the Bento's name and version, and the service's name."""
+    context = bentoml.server_context
+    return {
+        "service_name": context.bento_name or "",
+        "service_version": context.bento_version or "",
+        "runner_name": context.service_name or "",
+    }
 
-            async def counted_send(message: dict[str, Any]) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = message["status"]
-                elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                    self._series("total", endpoint, status).inc()
-                    self._series("duration", endpoint, status).observe(max(default_timer() - started, 0))
-                await send(message)
 
-            in_progress = self._series("in_progress", endpoint)
-            in_progress.inc()
-            try:
-                await self.app(scope, receive, counted_send)
-            finally:
-                in_progress.dec()
+class RequestMetrics:
+    """Counts every HTTP request but /metrics: in progress, then its count and duration by status once answered."""
 
-    instruments.RunnerTrafficMetricsMiddleware = BoundedPathMetrics  # type: ignore[misc]
+    def __init__(self, app: Any, known_paths: frozenset[str]) -> None:
+        self.app = app
+        self.known_paths = known_paths
+        self.children: dict[tuple[str, str, int], Any] = {}  # (metric, path, status) -> its labelled series
+
+    def _child(self, metric: str, endpoint: str = "", status: int = 0) -> Any:
+        key = (metric, endpoint, status)
+        found = self.children.get(key)
+        if found is None:
+            labels = _service_labels()
+            if metric != "last_request":
+                labels["endpoint"] = endpoint
+            if metric in ("total", "duration"):
+                labels["http_response_code"] = str(status)
+            found = self.children[key] = getattr(request_series(), metric).labels(**labels)
+        return found
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/metrics":
+            return await self.app(scope, receive, send)
+        endpoint = scope["path"] if scope["path"] in self.known_paths else UNKNOWN
+        if not endpoint.startswith(NOT_TIMESTAMPED):
+            self._child("last_request").set_to_current_time()
+        started, status = default_timer(), 0
+
+        async def counted_send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                self._child("total", endpoint, status).inc()
+                self._child("duration", endpoint, status).observe(max(default_timer() - started, 0))
+            await send(message)
+
+        in_progress = self._child("in_progress", endpoint)
+        in_progress.inc()
+        try:
+            await self.app(scope, receive, counted_send)
+        finally:
+            in_progress.dec()
+
+
+def _exposition() -> bytes:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # set by `bentoml serve` for every worker
+        registry = prometheus_client.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return prometheus_client.generate_latest(registry)
+    return prometheus_client.generate_latest()
+
+
+async def metrics_page(request: Request) -> Response:
+    """GET /metrics: Prometheus's text format, read in a thread (it reads a file per worker in multiprocess mode)."""
+    return Response(await run_in_threadpool(_exposition), media_type=prometheus_client.CONTENT_TYPE_LATEST)

@@ -15,50 +15,41 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import bentoml
 import numpy as np
 from bentoml import get_current_service
 from bentoml.exceptions import BentoMLException
-from bentoml.validators import ContentType
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse
-from starlette.routing import Route
 
 from export.manifest import ManifestError, fast_decode_checked, fast_decode_passed, read_manifest
 from export.signature import TASK_IMAGE_CLASSIFICATION, read_signature, read_task
-from serve.access_log import replace_bentoml_access_log, write_access_log_off_the_loop
-from serve.auth import PROBES, ApiKeyGate
+from serve import patches
+from serve.access_log import AccessLine, write_access_log_off_the_loop
+from serve.auth import ApiKeyGate
 from serve.batching import ModelBatcher, ModelFailed, Rows
 from serve.config import ServeConfig
 from serve.connections import ConnectionLimits
-from serve.connections import install as install_connection_limits
-from serve.deadline import replace_bentoml_timeout
 from serve.decode_pool import DecodePool
-from serve.front_door import MULTIPART, BodyRoute, FrontDoor
-from serve.handlers import RequestError, classify_image, form_fields, predict_tensor
+from serve.endpoint import app_routes, body_routes, known_paths, open_paths
+from serve.front_door import FrontDoor
+from serve.handlers import RequestError
 from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
 from serve.logs import install_log_filters
-from serve.oip import ProtocolSurface, known_paths, open_paths
+from serve.oip import ProtocolSurface
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
 from serve.oip_infer import classifier_infer, tensor_infer
-from serve.page import PAGE, PAGE_HEADERS
-from serve.request_metrics import bound_metric_labels
+from serve.request_metrics import RequestMetrics
+from serve.routes import endpoints
 from serve.runtime import RuntimeUnavailable, best_first, load_runtime, softmax
 from serve.tensor_inputs import check_answer_size, json_inputs, model_inputs, outputs_json
-from serve.tracing import skip_unexported_spans
+from serve.tracing import service_tracing
 from train.pil_transform import BadImage, Preprocessor
 
 log = logging.getLogger("bentoml.handoff")  # under "bentoml", so `bentoml serve` shows it
 CONFIG = ServeConfig()
 VERSION = "0.1.0"
-
-
-# The media type stated, so BentoML need not derive it from a JSON schema it would build for every response
-# (measured: 4 ms less server CPU per image and +9% images/s at concurrency 64, bench/serve_throughput.py).
-JSON = Annotated[dict[str, Any], ContentType("application/json")]
 
 
 install_log_filters()
@@ -70,28 +61,25 @@ CONNECTION_LIMITS = ConnectionLimits(
     CONFIG.max_header_kb * 1024,
     CONFIG.write_timeout_s,
 )
-install_connection_limits(CONNECTION_LIMITS)
-
-
-async def _get_info(request: Request) -> JSONResponse:
-    return JSONResponse(get_current_service().describe())
-
-
-async def _get_page(request: Request) -> FileResponse:
-    return FileResponse(PAGE, media_type="text/html", headers=PAGE_HEADERS)
-
+patches.install(CONNECTION_LIMITS)  # the two last resorts, checked when the service is asked if it is ready
 
 PROTOCOL = ProtocolSurface(CONFIG.model_name, VERSION, get_current_service)
-# GET / is a page to try the model in a browser, in place of BentoML's Swagger UI (the OpenAPI
-# document stays at /docs.json); the protocol's GET endpoints sit beside /info.
-info_app = Starlette(
-    routes=[Route("/", _get_page, methods=["GET"]), Route("/info", _get_info, methods=["GET"]), *PROTOCOL.routes()]
-)
+ROUTES = endpoints(PROTOCOL, "handoff", VERSION)  # every route the service answers: serve/routes.py
+# BentoML's settings: no metrics or access log of its own (handoff's middlewares below give both, cheaper and
+# bounded), no spans unless the user's configuration traces (serve/tracing.py), and no concurrency limit of
+# its own (its slot is taken before the body is read; the front door takes its own after).
+SERVICE_CONFIG: dict[str, Any] = {
+    "workers": CONFIG.workers,
+    "traffic": {"timeout": CONFIG.timeout_s},
+    "metrics": {"enabled": False},
+    "logging": {"access": {"enabled": False}},
+    "tracing": service_tracing(),
+}
+info_app = Starlette(routes=app_routes(ROUTES))
 
 
 @bentoml.asgi_app(info_app, path="/")
-# No BentoML max_concurrency: its slot is taken before the body is read; serve/front_door.py takes its own after.
-@bentoml.service(name="handoff", workers=CONFIG.workers, traffic={"timeout": CONFIG.timeout_s})
+@bentoml.service(name="handoff", **SERVICE_CONFIG)
 class HandoffClassifier:
     # Declared at class level only so that `bentoml build` packs the model into the Bento; the service finds
     # its folder through CONFIG.locate_model() (HANDOFF_MODEL_DIR, else this store model).
@@ -99,7 +87,8 @@ class HandoffClassifier:
 
     def __init__(self) -> None:
         write_access_log_off_the_loop()  # here, in the server's worker, not in `bentoml build` importing this file
-        self.not_ready: str | None = None
+        self.load_failure: str | None = None
+        self.patches_in_effect = False
         self.batcher: ModelBatcher | None = None
         # Decoding is CPU-bound and a large image takes hundreds of MB while it is decoded: one per core (of this
         # worker's share) at a time bounds both (BentoML's default thread pool would decode 40 at once).
@@ -109,11 +98,11 @@ class HandoffClassifier:
         try:
             self._load()
         except (ManifestError, RuntimeUnavailable, ValueError, OSError, BentoMLException) as err:
-            self.not_ready = self._short(str(err))
+            self.load_failure = self._short(str(err))
             log.error("not ready: %s", err)
             return
         except Exception as err:  # noqa: BLE001 - stay up and say why rather than crash-loop the worker
-            self.not_ready = self._short(f"cannot load the model: {type(err).__name__}: {err}")
+            self.load_failure = self._short(f"cannot load the model: {type(err).__name__}: {err}")
             log.exception("not ready")
             return
         log.info(
@@ -153,6 +142,17 @@ class HandoffClassifier:
         """On a GPU, batches run only at the sizes warmed up in _load (see serve/batching.py for why)."""
         return CONFIG.batch_buckets() if self.runtime.device == "cuda" else None
 
+    @property
+    def not_ready(self) -> str | None:
+        """Why the service cannot answer yet (None: it can): the model did not load, or one of serve/patches.py's
+        replacements did not take effect in this bentoml or uvicorn."""
+        if self.load_failure is None and not self.patches_in_effect:
+            reason = patches.not_in_effect()
+            if reason is not None:
+                return reason
+            self.patches_in_effect = True  # asked again only until it holds
+        return self.load_failure
+
     def __is_ready__(self) -> bool:
         return self.not_ready is None
 
@@ -188,16 +188,7 @@ class HandoffClassifier:
         probabilities = softmax(logits)
         return {"logits": logits, "probabilities": probabilities, "order": best_first(probabilities)}
 
-    @bentoml.api
-    async def classify(self, image: Path, top_k: int = 5) -> JSON:
-        """Classify an uploaded image (multipart field `image`: JPEG, PNG, WebP, BMP or GIF). The image may also
-        be sent as the body itself, with its own Content-Type and `?top_k=K` (not shown in this schema).
-
-        Declared for the OpenAPI document and BentoML's clients; over HTTP, serve/front_door.py answers both forms
-        through `classify_image` in serve/handlers.py, which parses the body once."""
-        return await self.classify_upload(image, top_k)
-
-    async def classify_upload(self, upload: Path | bytes, top_k: int) -> dict[str, Any]:
+    async def classify_upload(self, upload: bytes, top_k: int) -> dict[str, Any]:
         """The /classify answer for one image: the multipart form's file, or a raw body's bytes."""
         self._require_ready()
         if self.classes is None:
@@ -218,21 +209,11 @@ class HandoffClassifier:
             ]
         }
 
-    def _prepare(self, upload: Path | bytes) -> np.ndarray:
+    def _prepare(self, upload: bytes) -> np.ndarray:
         try:
-            data = upload if isinstance(upload, bytes) else Path(upload).read_bytes()
-            return self.preprocessor(self.preprocessor.decode(data, fast=self.fast_decode))
+            return self.preprocessor(self.preprocessor.decode(upload, fast=self.fast_decode))
         except BadImage as err:
             raise RequestError(str(err), status=err.status) from None
-
-    @bentoml.api
-    async def predict(self, tensor: list) -> JSON:
-        """Logits and probabilities for a preprocessed float tensor N x C x H x W (JSON nested lists).
-
-        Declared for the OpenAPI document and BentoML's clients; over HTTP, serve/front_door.py hands the body
-        to `predict_json` below, which parses it off the event loop."""
-        self._require_ready()
-        return await self.predict_rows(self._tensor_rows({"tensor": tensor}))
 
     async def predict_json(self, body: bytes) -> dict[str, Any] | bytes:
         """The /predict answer for a JSON body, parsed and checked in a thread: a classifier's
@@ -263,12 +244,6 @@ class HandoffClassifier:
             document = parse_json(body)
             if not isinstance(document, dict) or set(document) != {"tensor"}:
                 raise BadJson('expected a JSON object with one key, "tensor": {"tensor": [[[[...]]]]}')
-            return self._tensor_rows(document)
-        except BadJson as err:
-            raise RequestError(str(err)) from None
-
-    def _tensor_rows(self, document: dict[str, Any]) -> np.ndarray:
-        try:
             return float32_rows(document["tensor"], "tensor", self.input_shape, CONFIG.max_batch_size)
         except BadJson as err:
             raise RequestError(str(err)) from None
@@ -356,41 +331,15 @@ class HandoffClassifier:
         }
 
 
-SERVICE: Any = HandoffClassifier  # the bentoml.Service the decorator made: middlewares and APIs are set on it
-RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif"})
-
-
-SERVICE.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys, open_paths=PROBES | open_paths(CONFIG.model_name))
-skip_unexported_spans()
-replace_bentoml_timeout()
-replace_bentoml_access_log()
-bound_metric_labels(
-    {
-        "/",
-        "/info",
-        "/docs.json",
-        "/metrics",
-        "/livez",
-        "/readyz",
-        "/healthz",
-        *(f"/{name}" for name in SERVICE.apis),
-        *known_paths(CONFIG.model_name),
-    }
-)
+SERVICE: Any = HandoffClassifier  # the bentoml.Service the decorator made: its middlewares, outermost first
+if CONFIG.access_log:
+    SERVICE.add_asgi_middleware(AccessLine)
+SERVICE.add_asgi_middleware(RequestMetrics, known_paths=known_paths(ROUTES, CONFIG.model_name))
+SERVICE.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys, open_paths=open_paths(ROUTES, CONFIG.model_name))
 SERVICE.add_asgi_middleware(
     FrontDoor,
     max_bytes=CONFIG.max_body_bytes,
-    routes={
-        "/classify": BodyRoute(
-            frozenset({MULTIPART, *RAW_IMAGE_TYPES}), classify_image, form_fields(SERVICE.apis["classify"])
-        ),
-        "/predict": BodyRoute(
-            frozenset({"application/json"}),
-            predict_tensor,
-            max_bytes=lambda: get_current_service().max_predict_bytes(),
-        ),
-        **PROTOCOL.infer_routes(),
-    },
+    routes=body_routes(ROUTES, CONFIG.model_name),
     max_concurrency=CONFIG.max_concurrency,
     body_timeout_s=CONFIG.body_timeout_s,
     max_connections=CONNECTION_LIMITS.effective_max(),

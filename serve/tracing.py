@@ -1,23 +1,29 @@
 """OpenTelemetry's per-request span, only where someone collects it.
 
 BentoML wraps every request in OpenTelemetry's ASGI middleware whether or not tracing is configured. With no
-exporter (BentoML's default: `tracing.sample_rate` unset, i.e. 0) each request still gets a span that is
-created, filled and thrown away, and every `send` of the response goes through one more wrapper: 1.2 ms of
-server CPU per image on the digits model at c=64 here, 4.0 against 2.8 ms (docs/benchmarks.md, "Where the
-model is not the cost", with the A/B command; bench/serve_throughput.py's side `ours_with_spans`). When
-tracing is configured (an exporter and a sample rate above 0), the middleware stays as BentoML builds it.
+exporter (BentoML's default) each request still gets a span that is created, filled and thrown away, and every
+`send` of the response goes through one more wrapper: 1.2 ms of server CPU per image on the digits model at
+c=64 here (docs/benchmarks.md, "Where the model is not the cost"; bench/serve_throughput.py's side
+`ours_with_spans`). So where the user's BentoML configuration asks for no traces, the service's own
+configuration excludes every URL from tracing (BentoML's `tracing.excluded_urls`, which it hands the
+middleware): the middleware then passes each request straight on. Where it configures an exporter and a sample
+rate above 0, nothing is excluded and the spans are BentoML's as ever (a user's own `excluded_urls` wins).
 
-What goes without it: the unsampled trace and span ids in the access log's lines (they point to no trace).
-The access log, metrics, limits and every other middleware are untouched. Like serve/request_metrics.py this
-replaces a class BentoML looks up when it builds the app (bentoml is pinned exactly in pyproject.toml).
+What goes without spans: the unsampled trace and span ids in the access log's lines (they point to no trace).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 log = logging.getLogger("bentoml.handoff.tracing")
+
+EVERY_URL = ["."]  # a regular expression OpenTelemetry searches each request's URL for
 
 
 def tracing_configured(exporter_type: str | None, sample_rate: float | None) -> bool:
@@ -25,23 +31,39 @@ def tracing_configured(exporter_type: str | None, sample_rate: float | None) -> 
     return bool(exporter_type) and (sample_rate or 0.0) > 0.0
 
 
-class _NoSpan:
-    """Stands in for OpenTelemetryMiddleware: hands the request straight to the app."""
+def _tracing_sections(document: Any) -> list[dict[str, Any]]:
+    """Every `tracing` mapping in a BentoML configuration, wherever its version puts it (top level,
+    `api_server`, a service under `services`)."""
+    if not isinstance(document, dict):
+        return []
+    found = [document["tracing"]] if isinstance(document.get("tracing"), dict) else []
+    return found + [
+        section for key, value in document.items() if key != "tracing" for section in _tracing_sections(value)
+    ]
 
-    def __init__(self, app: Any, **_: Any) -> None:
-        self.app = app
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await self.app(scope, receive, send)
+def _tracing_section(environ: dict[str, str]) -> dict[str, Any]:
+    """`tracing` as BentoML's documented configuration sets it: the file BENTOML_CONFIG names, then the
+    `...tracing.key=value` items of BENTOML_CONFIG_OPTIONS."""
+    section: dict[str, Any] = {}
+    if environ.get("BENTOML_CONFIG"):
+        try:
+            document = yaml.safe_load(Path(environ["BENTOML_CONFIG"]).read_text())
+        except (OSError, yaml.YAMLError):
+            document = None  # BentoML itself reports an unreadable configuration when it loads it
+        for found in _tracing_sections(document):
+            section.update(found)
+    for item in environ.get("BENTOML_CONFIG_OPTIONS", "").split():
+        key, _, value = item.partition("=")
+        if "tracing." in key:
+            section[key.rpartition("tracing.")[2]] = yaml.safe_load(value) if value else None
+    return section
 
 
-def skip_unexported_spans() -> None:
-    """Leave OpenTelemetry's middleware out of the app BentoML builds, unless tracing is configured."""
-    from bentoml._internal.configuration.containers import BentoMLContainer
-    from opentelemetry.instrumentation import asgi
-
-    tracing = BentoMLContainer.config.tracing
-    if tracing_configured(tracing.exporter_type.get(), tracing.sample_rate.get()):
-        return
-    asgi.OpenTelemetryMiddleware = _NoSpan  # type: ignore[misc, assignment]  # BentoML imports it when building
+def service_tracing(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The service's `tracing` configuration: every URL excluded, unless the user's configuration traces."""
+    section = _tracing_section(dict(os.environ) if environ is None else environ)
+    if tracing_configured(section.get("exporter_type"), section.get("sample_rate")):
+        return {}
     log.debug("tracing is not configured: no per-request span")
+    return {"excluded_urls": EVERY_URL}

@@ -203,7 +203,9 @@ def test_the_kubernetes_manifest_matches_the_service(bento):
 def test_the_kserve_manifest_matches_the_service(bento):
     """deploy/kserve.yaml: the port the Bento's image serves on, a readiness probe on the protocol's model
     readiness for the name it sets, only settings the service reads, one GPU, the autoscaler's bounds."""
-    from serve.oip import open_paths
+    from serve.endpoint import open_paths
+    from serve.oip import ProtocolSurface
+    from serve.routes import endpoints
 
     (service,) = yaml.safe_load_all((ROOT / "deploy" / "kserve.yaml").read_text())
     assert service["kind"] == "InferenceService" and service["apiVersion"].startswith("serving.kserve.io/")
@@ -219,5 +221,6 @@ def test_the_kserve_manifest_matches_the_service(bento):
     assert set(env) <= set(SETTINGS), f"unknown settings {set(env) - set(SETTINGS)}"
     probe = container["readinessProbe"]["httpGet"]
     assert probe["port"] == port["containerPort"]
-    assert probe["path"] in open_paths(env["HANDOFF_MODEL_NAME"]) and probe["path"].endswith("/ready")
+    table = endpoints(ProtocolSurface(env["HANDOFF_MODEL_NAME"], "1", lambda: None), "handoff", "1")
+    assert probe["path"] in open_paths(table, env["HANDOFF_MODEL_NAME"]) and probe["path"].endswith("/ready")
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1

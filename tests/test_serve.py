@@ -290,7 +290,8 @@ def test_the_serve_pages_commands_run_as_written(server, tmp_path):
     digit.write_bytes(png_bytes(digit_images(1)[0][0]))
     answers = run_curl_lines("serve.md", server.url, {"@digit.png": f"@{digit}"})
     assert sum('"predictions"' in answer for answer in answers) == 3 and "bentoml_service_request" in answers[-1]
-    run_python_block("serve.md", "SyncHTTPClient", server.url, {'"digit.png"': repr(str(digit))})
+    namespace = run_python_block("serve.md", "httpx.post", server.url, {'"digit.png"': repr(str(digit))})
+    assert len(namespace["answer"].json()["predictions"]) == 3
 
 
 def test_info_hides_absolute_paths(server, exported):
