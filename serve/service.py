@@ -6,6 +6,10 @@ From the repo root (bentofile.yaml names this class):
 Settings (environment, all in serve/config.py): HANDOFF_RUNTIME=onnx|torchscript, HANDOFF_DEVICE=auto|cpu|cuda,
 HANDOFF_WORKERS, HANDOFF_MODEL_SHA256, HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATENCY_MS, ...
 
+Every route, and who answers it, is one table: serve/routes.py. BentoML is configured through its settings
+(SERVICE_CONFIG below) and handoff's middlewares are added with add_asgi_middleware; serve/patches.py holds the two
+replacements of upstream code that have no public way in, each checked before the service reports ready.
+
 Decoding and preprocessing run in worker threads outside the batched call; only validated tensors
 reach the batcher (serve/batching.py), so a bad request can never fail the good ones batched with it.
 """
