@@ -8,6 +8,8 @@
     python -m export weights.pth --arch resnet50             # a bare state_dict, DDP-prefixed or not
     python -m export weights.pth --arch timm/convnext_atto   # the same, of a timm model
     python -m export model.pt --trust-pickle                 # a whole pickled nn.Module (only if you trust it)
+    python -m export out/checkpoint-30                       # Hugging Face Trainer's checkpoint, with its tokenizer
+    python -m export state.pt --hf-config base-model/        # a DDP state_dict of a Hugging Face model
 
 Exit status: 0 exported and parity passed; 2 bad input or usage (one line on stderr, nothing written);
 3 parity failed (report printed, folder written with status "failed", never registered).
@@ -116,6 +118,25 @@ def get_args_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="class names, one per line, in index order (default: the checkpoint's, else 0..N-1)",
+    )
+    read.add_argument(
+        "--hf-config",
+        type=Path,
+        default=None,
+        help="a Hugging Face model whose checkpoint holds no config.json (a plain DDP state_dict, an Accelerate "
+        "save_state folder): the folder its model was built from (save_pretrained, or a checkpoint-N)",
+    )
+    read.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="a Hugging Face model: the folder its tokenizer was saved to (default: beside the config or weights)",
+    )
+    read.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="a Hugging Face config that needs the model's own code (auto_map): allow it; this runs code from the "
+        "folder (default: refused)",
     )
     read.add_argument(
         "--trust-pickle",

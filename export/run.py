@@ -21,6 +21,7 @@ from export.classifier_export import EXIT_OK, CheckOptions, tolerance_of, write_
 from export.cli import CheckedOptions, bad_input
 from export.compare import choose_checkpoint
 from export.exporters import check_eval_mode
+from export.hf_checkpoint import find_hf_checkpoint
 from export.job import Job, log_loading, source_fields
 from export.manifest import ONNX_INT8, is_export_folder, new_manifest
 from export.out_folder import check_out, passed, replace_folder
@@ -77,8 +78,13 @@ def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
     timings: dict[str, float] = {}
     device = _device(args.device)
     checkpoint = choose_checkpoint(args.checkpoint, args.pick, args.trust_pickle, args.ema)
+    hf = None if args.example or args.model or args.arch else find_hf_checkpoint(checkpoint, args.hf_config)
     if args.example is not None:
         job = tensor_job(args, checkpoint, checked.formats, device, timings)
+    elif hf is not None:
+        from export.text_export import text_job  # imports transformers: only a Hugging Face checkpoint's export
+
+        job = text_job(args, hf, checked.formats, device, timings)
     else:
         job = classifier_job(args, checkpoint, checked, device, timings)
     manifest = job.manifest

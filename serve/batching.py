@@ -78,16 +78,30 @@ def _size(rows: Rows) -> int:
     return len(rows) if isinstance(rows, np.ndarray) else len(next(iter(rows.values())))
 
 
-def _key(rows: Rows) -> tuple:
-    """What must agree for requests to share a batch: every input's shape beyond the batch, and dtype."""
-    arrays = {"": rows} if isinstance(rows, np.ndarray) else rows
-    return tuple((name, a.shape[1:], a.dtype.str) for name, a in sorted(arrays.items()))
+class SameShape:
+    """How requests share a batch by default: only where every input agrees beyond the batch dimension (shape and
+    dtype), joined as they are. serve/text.py's PaddedSequences is the other way: any length, padded."""
+
+    def key(self, rows: Rows) -> tuple:
+        arrays = {"": rows} if isinstance(rows, np.ndarray) else rows
+        return tuple((name, a.shape[1:], a.dtype.str) for name, a in sorted(arrays.items()))
+
+    def join(self, parts: list[Rows]) -> Rows:
+        if isinstance(parts[0], np.ndarray):
+            return np.concatenate(parts)  # type: ignore[arg-type]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def fits(self, parts: list[Rows], more: Rows) -> bool:
+        """Whether `more` may join a batch of `parts` (the batch size is checked besides)."""
+        return True
 
 
-def _join(parts: list[Rows]) -> Rows:
-    if isinstance(parts[0], np.ndarray):
-        return np.concatenate(parts)  # type: ignore[arg-type]
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+class BatchShape(Protocol):
+    def key(self, rows: Rows) -> tuple: ...
+
+    def join(self, parts: list[Rows]) -> Rows: ...
+
+    def fits(self, parts: list[Rows], more: Rows) -> bool: ...
 
 
 def _each(rows: Rows, change: Callable[[np.ndarray], np.ndarray]) -> Rows:
@@ -124,11 +138,11 @@ class _Job:
     rows: Rows
     future: asyncio.Future[Rows]
     queued_at: float = field(default_factory=time.monotonic)
-    size: int = 0
     key: tuple = ()
+    size: int = 0
 
     def __post_init__(self) -> None:
-        self.size, self.key = _size(self.rows), _key(self.rows)
+        self.size = _size(self.rows)
 
 
 class ModelBatcher:
@@ -142,10 +156,13 @@ class ModelBatcher:
         max_latency_ms: int,
         pad_to: list[int] | None = None,
         upstream: Upstream | None = None,
+        shape: BatchShape | None = None,
     ) -> None:
         """`pad_to`: the batch sizes the model runs at (ascending); a batch is padded up to the next one.
-        `upstream`: the decoders the rows come from; without it, a batch never waits for rows to come."""
+        `upstream`: the decoders the rows come from; without it, a batch never waits for rows to come.
+        `shape`: which requests may share a batch and how they are joined (SameShape by default)."""
         self.model = model
+        self.shape = shape or SameShape()
         self.upstream = upstream
         self.max_batch_size = max_batch_size
         self.pad_to = sorted(pad_to) if pad_to else None
@@ -163,7 +180,7 @@ class ModelBatcher:
     async def __call__(self, batch: Rows) -> Any:
         if self._expected_wait_s(_size(batch)) > self.max_latency_s:
             raise self._overloaded()
-        job = _Job(batch, asyncio.get_running_loop().create_future())
+        job = _Job(batch, asyncio.get_running_loop().create_future(), key=self.shape.key(batch))
         self.queue.append(job)
         self.queued_rows += job.size
         if self.worker is None:  # started on the server's event loop, at the first request
@@ -185,6 +202,7 @@ class ModelBatcher:
         """The queued jobs that fit in one batch, oldest first, all of the oldest one's shape; a job that waited
         past the budget is refused. Jobs of another shape keep their place in the queue."""
         jobs: list[_Job] = []
+        parts: list[Rows] = []  # the jobs' rows
         rows = 0
         now = time.monotonic()
         other_shapes: collections.deque[_Job] = collections.deque()
@@ -195,7 +213,7 @@ class ModelBatcher:
             if jobs and job.key != jobs[0].key:
                 other_shapes.append(self.queue.popleft())
                 continue
-            if jobs and rows + job.size > self.max_batch_size:
+            if jobs and (rows + job.size > self.max_batch_size or not self.shape.fits(parts, job.rows)):
                 break
             self.queue.popleft()
             self.queued_rows -= job.size
@@ -205,6 +223,7 @@ class ModelBatcher:
                 job.future.set_exception(self._overloaded())
                 continue
             jobs.append(job)
+            parts.append(job.rows)
             rows += job.size
         self.queue.extendleft(reversed(other_shapes))
         return jobs
@@ -288,7 +307,7 @@ class ModelBatcher:
 
     def _call(self, parts: list[Rows]) -> list[Rows]:
         rows = sum(_size(part) for part in parts)
-        outputs = _each(self.model(self._padded(_join(parts))), lambda a: a[:rows])
+        outputs = _each(self.model(self._padded(self.shape.join(parts))), lambda a: a[:rows])
         return _split(outputs, [_size(part) for part in parts])
 
     def _apart(self, parts: list[Rows]) -> list[Rows | Exception]:

@@ -96,6 +96,11 @@ class ServeConfig:
     max_body_mb: int = _setting("HANDOFF_MAX_BODY_MB", 20, _env_int)
     max_pixels: int = _setting("HANDOFF_MAX_PIXELS", 40_000_000, _env_int)
     """decompression-bomb guard: larger images are refused before decoding"""
+    max_text_chars: int = _setting("HANDOFF_MAX_TEXT_CHARS", 100_000, _env_int)
+    """a text classifier's longest text, in characters (413 past it); within it, texts past the model's maximum
+    length are truncated to it and the answer says so"""
+    max_batch_tokens: int = _setting("HANDOFF_MAX_BATCH_TOKENS", 16_384, _env_int)
+    """a text classifier's batch: at most this many tokens, each text padded to the longest in it"""
     decode: str = _setting("HANDOFF_DECODE", "auto")
     """auto: a JPEG at least twice the resize target is decoded at a reduced scale (draft mode), where the
     export's check of that passed (manifest `decode`); exact: every image decoded bit-exactly"""
@@ -113,6 +118,8 @@ class ServeConfig:
             ("HANDOFF_KEEP_ALIVE_S", self.keep_alive_s, 1),
             ("HANDOFF_MAX_HEADER_KB", self.max_header_kb, 8),
             ("HANDOFF_WRITE_TIMEOUT_S", self.write_timeout_s, 1),
+            ("HANDOFF_MAX_TEXT_CHARS", self.max_text_chars, 1),
+            ("HANDOFF_MAX_BATCH_TOKENS", self.max_batch_tokens, 1),
             ("HANDOFF_CPU_THREADS", self.model_threads(), 1),
         ):
             if value < least:

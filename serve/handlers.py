@@ -62,12 +62,26 @@ async def _classify_answer(image: bytes, params: dict[str, list[str]]) -> dict[s
     return await get_current_service().classify_upload(image, int(values[0]))
 
 
-async def classify_image(scope: Scope, image: bytes, params: dict[str, list[str]], send: Send) -> None:
-    """POST /classify, both ways: the multipart form (field `image`, optional `top_k`) or the image itself as
-    the body (Content-Type: image/jpeg, image/png... and `?top_k=K`). serve/front_door.py parses the body once
-    and hands it here, under its limits, instead of BentoML parsing the form again into a temporary file (A/B:
-    38.7 -> 37.8 ms of server CPU per image at c=64, c=1 p50 23.2 -> 21.9 ms; docs/benchmarks.md)."""
-    await _answer(scope, send, _classify_answer(image, params))
+TEXT_TYPES = ("application/json", "text/plain")  # a text classifier's /classify bodies
+
+
+def _content_type(scope: Scope) -> str:
+    for name, value in scope.get("headers") or []:
+        if name == b"content-type":
+            return value.decode("latin-1").split(";")[0].strip().lower()
+    return ""
+
+
+async def classify(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
+    """POST /classify. An image: the multipart form (field `image`, optional `top_k`) or the image itself as the
+    body (Content-Type: image/jpeg, image/png... and `?top_k=K`); serve/front_door.py parses the body once and
+    hands it here, under its limits, instead of BentoML parsing the form again into a temporary file (A/B: 38.7
+    -> 37.8 ms of server CPU per image at c=64, c=1 p50 23.2 -> 21.9 ms; docs/benchmarks.md). A text, for a text
+    classifier: `{"text": "...", "top_k": K}` as JSON, or the text itself as text/plain (`?top_k=K`)."""
+    kind = _content_type(scope)
+    if kind in TEXT_TYPES:
+        return await _answer(scope, send, get_current_service().classify_text(body, kind, params))
+    await _answer(scope, send, _classify_answer(body, params))
 
 
 async def _predict_answer(body: bytes, params: dict[str, list[str]]) -> dict[str, Any] | bytes:

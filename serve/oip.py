@@ -23,7 +23,7 @@ from bentoml.exceptions import BentoMLException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from export.signature import TASK_IMAGE_CLASSIFICATION, Signature
+from export.signature import TASK_IMAGE_CLASSIFICATION, TASK_TEXT_CLASSIFICATION, Signature
 from serve.front_door import Scope, Send
 from serve.handlers import send_client_error
 from serve.oip_codec import (
@@ -41,6 +41,7 @@ VERSION = "1"
 # Exactly what is implemented: no `statistics` (no /v2/models/NAME/stats), no shared memory, no repository API.
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
 IMAGE_INPUT = "image"  # a classifier's encoded image files, decoded as /classify decodes them
+TEXT_INPUT = "text"  # a text classifier's UTF-8 texts, tokenized as /classify tokenizes them
 # A request body up to this size is parsed on the event loop (tens of microseconds; a thread hop costs more, and
 # the image path already takes one to decode); a larger one (tensors as text, ~50 ms for 3 MB) goes to a thread.
 INLINE_JSON_BYTES = 64 * 1024
@@ -68,8 +69,8 @@ class ServedTensor:
 
 
 def served_tensors(task: str, signature: Signature) -> tuple[list[ServedTensor], list[ServedTensor]]:
-    """What the protocol takes and gives. A classifier takes its preprocessed `input`, or `image` (encoded
-    files), one of the two, and gives `probabilities` beside the model's `logits`."""
+    """What the protocol takes and gives. An image classifier takes its preprocessed `input`, or `image` (encoded
+    files), one of the two; a text classifier takes `text`; both give `probabilities` beside the `logits`."""
     inputs = [ServedTensor(t.name, OIP_DATATYPE[t.dtype], t.shape) for t in signature.inputs]
     outputs = [ServedTensor(t.name, OIP_DATATYPE[t.dtype], t.shape) for t in signature.outputs]
     if task == TASK_IMAGE_CLASSIFICATION:
@@ -78,6 +79,9 @@ def served_tensors(task: str, signature: Signature) -> tuple[list[ServedTensor],
             ServedTensor(model_input.name, model_input.datatype, model_input.shape, optional=True),
             ServedTensor(IMAGE_INPUT, "BYTES", (-1, 1), optional=True),
         ]
+        outputs = [*outputs, ServedTensor("probabilities", "FP32", outputs[0].shape)]
+    elif task == TASK_TEXT_CLASSIFICATION:  # texts in (tokenized by the service), the logits' softmax beside them
+        inputs = [ServedTensor(TEXT_INPUT, "BYTES", (-1,))]
         outputs = [*outputs, ServedTensor("probabilities", "FP32", outputs[0].shape)]
     return inputs, outputs
 

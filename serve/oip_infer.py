@@ -2,6 +2,7 @@
 
 - an image classifier takes `input` (FP32 rows, already preprocessed) or `image` (BYTES: encoded files,
   decoded and preprocessed as /classify does) and gives `logits` and `probabilities`;
+- a text classifier takes `text` (BYTES: UTF-8 texts, tokenized as /classify tokenizes them) and gives the same;
 - any other model takes and gives what its signature names (serve/tensor_inputs.py checks the request).
 
 Both go through the service's one batcher (`service.batched`).
@@ -13,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from serve.oip import IMAGE_INPUT, select_outputs
+from serve.oip import IMAGE_INPUT, TEXT_INPUT, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
 from serve.tensor_inputs import check_answer_size, check_rows, model_inputs
+from serve.text import BadText
 
 
 def _numeric(request: InferRequest, names: list[str]) -> dict[str, np.ndarray]:
@@ -48,6 +50,23 @@ async def classifier_infer(service: Any, request: InferRequest, max_rows: int) -
         batch = rows.astype(np.float32, copy=False)
     outputs = await service.batched(batch)
     return select_outputs(request, {name: outputs[name] for name in ("logits", "probabilities")}, service.classes)
+
+
+async def text_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:
+    texts = request.inputs.get(TEXT_INPUT)
+    if texts is None or len(request.inputs) != 1:
+        raise ProtocolError(f"send one input, 'text' (BYTES [N]: UTF-8 texts); got {', '.join(sorted(request.inputs))}")
+    if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
+        raise ProtocolError(
+            f"input 'text' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
+        )
+    check_rows(len(texts.value), max_rows)
+    try:
+        encoded = await service.decoders.run(service.text.encode_elements, texts.value)
+    except BadText as err:
+        raise ProtocolError(str(err), status=err.status) from None
+    outputs = await service.batched(encoded.rows)
+    return select_outputs(request, {name: outputs[name] for name in ("logits", "probabilities")}, service.text.labels)
 
 
 async def tensor_infer(

@@ -14,7 +14,7 @@ from starlette.responses import FileResponse, JSONResponse
 
 from serve.endpoint import APP, BENTOML, FRONT_DOOR, Endpoint, openapi_document
 from serve.front_door import MULTIPART, BodyRoute
-from serve.handlers import classify_image, predict_tensor
+from serve.handlers import TEXT_TYPES, classify, predict_tensor
 from serve.oip import ProtocolSurface
 from serve.page import PAGE, PAGE_HEADERS
 from serve.request_metrics import metrics_page
@@ -23,6 +23,12 @@ RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/
 CLASSIFY_FIELDS = {"image": "file", "top_k": "integer"}  # the multipart form's fields, checked by the front door
 TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}
 BINARY = {"type": "string", "format": "binary"}
+TEXT_BODY = {
+    "type": "object",
+    "properties": {"text": {"type": "string"}, "top_k": TOP_K},
+    "required": ["text"],
+    "additionalProperties": False,
+}
 PREDICT_BODY = {
     "type": "object",
     "description": 'a classifier\'s {"tensor": N x C x H x W nested lists}, '
@@ -72,10 +78,16 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
         Endpoint(
             "POST",
             "/classify",
-            "an image's classes, best first: a multipart form (`image`, `top_k`) or the image as the body",
+            "classes, best first: an image (a multipart form with `image` and `top_k`, or the image as the body), "
+            'or for a text classifier a text ({"text": ..., "top_k": K} or text/plain)',
             FRONT_DOOR,
-            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), classify_image, CLASSIFY_FIELDS),
-            request={MULTIPART: {"schema": image_form}, **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES}},
+            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES, *TEXT_TYPES}), classify, CLASSIFY_FIELDS),
+            request={
+                MULTIPART: {"schema": image_form},
+                **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES},
+                "application/json": {"schema": TEXT_BODY},
+                "text/plain": {"schema": {"type": "string"}},
+            },
             query=({"name": "top_k", "in": "query", "required": False, "schema": TOP_K},),
             errors=(400, 404, 408, 413, 415, 429, 503),
         ),

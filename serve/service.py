@@ -27,8 +27,14 @@ from bentoml import get_current_service
 from bentoml.exceptions import BentoMLException
 from starlette.applications import Starlette
 
-from export.manifest import ManifestError, fast_decode_checked, fast_decode_passed, read_manifest
-from export.signature import TASK_IMAGE_CLASSIFICATION, read_signature, read_task
+from export.manifest import ManifestError, fast_decode_checked, fast_decode_passed, read_artifact, read_manifest
+from export.signature import (
+    TASK_IMAGE_CLASSIFICATION,
+    TASK_TENSORS,
+    TASK_TEXT_CLASSIFICATION,
+    read_signature,
+    read_task,
+)
 from serve import patches
 from serve.access_log import AccessLine, write_access_log_off_the_loop
 from serve.auth import ApiKeyGate
@@ -43,11 +49,12 @@ from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
 from serve.logs import install_log_filters
 from serve.oip import ProtocolSurface
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
-from serve.oip_infer import classifier_infer, tensor_infer
+from serve.oip_infer import classifier_infer, tensor_infer, text_infer
 from serve.request_metrics import RequestMetrics
 from serve.routes import endpoints
 from serve.runtime import RuntimeUnavailable, best_first, load_runtime, softmax
 from serve.tensor_inputs import check_answer_size, json_inputs, model_inputs, outputs_json
+from serve.text import BadText, TextModel
 from serve.tracing import service_tracing
 from train.pil_transform import BadImage, Preprocessor
 
@@ -133,8 +140,12 @@ class HandoffClassifier:
         )
         self.task, self.signature = read_task(self.manifest), read_signature(self.manifest)
         self.classes: list[str] | None = None
+        self.text: TextModel | None = None
+        if self.task == TASK_TEXT_CLASSIFICATION:  # its tokenizer, from the bytes the manifest vouches for
+            tokenizer = read_artifact(self.folder, self.manifest, self.manifest["tokenizer"]["file"])
+            self.text = TextModel(tokenizer, self.manifest, CONFIG.max_text_chars, CONFIG.max_batch_tokens)
         if self.task != TASK_IMAGE_CLASSIFICATION:
-            return  # any model: no warm-up, since the values a dynamic dimension takes are not known in advance
+            return  # no warm-up, since the values a dynamic dimension takes are not known in advance
         self.preprocessor = Preprocessor.from_manifest(self.manifest["preprocess"], CONFIG.max_pixels)
         self.fast_decode = CONFIG.decode == "auto" and fast_decode_passed(self.manifest)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
@@ -169,14 +180,19 @@ class HandoffClassifier:
         its `logits`, `probabilities` and each row's classes best first (`order`); any model's outputs by name
         for its inputs by name."""
         if self.batcher is None:  # created on the server's event loop, at the first request
-            model = self._classify_batch if self.task == TASK_IMAGE_CLASSIFICATION else self.runtime.run_named
+            model = {TASK_IMAGE_CLASSIFICATION: self._classify_batch, TASK_TEXT_CLASSIFICATION: self._classify_texts}
             self.batcher = ModelBatcher(
-                model, CONFIG.max_batch_size, CONFIG.max_latency_ms, self._padded_batch_sizes(), self.decoders
+                model.get(self.task, self.runtime.run_named),
+                CONFIG.max_batch_size,
+                CONFIG.max_latency_ms,
+                self._padded_batch_sizes(),
+                self.decoders,
+                self.text.batch_shape if self.text else None,  # texts of any length share a batch, padded
             )
         try:
             return await self.batcher(rows)
         except ModelFailed as failed:
-            if self.task == TASK_IMAGE_CLASSIFICATION:  # rows handoff decoded itself: the fault is not the client's
+            if self.task != TASK_TENSORS:  # rows handoff decoded or tokenized itself: the fault is not the client's
                 raise failed.cause from None
             # Any model's inputs passed the signature, yet the model refused them alone (an index out of its
             # vocabulary, a shape it cannot take): the client's input, named in a 400 and one log line.
@@ -188,30 +204,63 @@ class HandoffClassifier:
         """In the model thread, once per batch: the softmax and the ranking as well as the logits. NumPy's sorts
         release the GIL, and an argsort per request on the event loop handed the GIL to a decoding thread for up
         to its 5 ms switch interval each time (py-spy: 11% of the loop's samples at c=64, digits model)."""
-        logits = self.runtime(batch)
+        return self._ranked(self.runtime(batch))
+
+    def _classify_texts(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """As _classify_batch, for a text classifier's padded token rows."""
+        return self._ranked(self.runtime.run_named(rows)["logits"])
+
+    @staticmethod
+    def _ranked(logits: np.ndarray) -> dict[str, np.ndarray]:
         probabilities = softmax(logits)
         return {"logits": logits, "probabilities": probabilities, "order": best_first(probabilities)}
+
+    @staticmethod
+    def _predictions(outputs: dict[str, np.ndarray], labels: list[str], top_k: int) -> list[dict[str, Any]]:
+        probabilities = outputs["probabilities"][0].tolist()
+        return [
+            {"label": labels[i], "index": i, "probability": probabilities[i]}
+            for i in outputs["order"][0, :top_k].tolist()
+        ]
+
+    @staticmethod
+    def _top_k(value: Any) -> int:
+        """top_k from a form or query string (digits) or a JSON body (a number), 1 to 1000."""
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        digits = isinstance(value, str) and value.isdigit() and len(value) <= 4
+        top_k = int(value) if whole or digits else 0
+        if not 1 <= top_k <= 1000:
+            raise RequestError(f"top_k={str(value)[:20]}: must be between 1 and 1000")
+        return top_k
 
     async def classify_upload(self, upload: bytes, top_k: int) -> dict[str, Any]:
         """The /classify answer for one image: the multipart form's file, or a raw body's bytes."""
         self._require_ready()
+        if self.text is not None:
+            raise RequestError('this model classifies text: send {"text": "..."} (application/json) or text/plain', 415)
         if self.classes is None:
             raise RequestError(
                 f"/classify is for image classifiers; this model takes {self._input_names()}: POST /predict "
                 f'{{"inputs": {{...}}}} or /v2/models/{CONFIG.model_name}/infer',
                 status=404,
             )
-        if not 1 <= top_k <= 1000:
-            raise RequestError(f"top_k={top_k}: must be between 1 and 1000")
+        top_k = self._top_k(top_k)
         array = await self.decoders.run(self._prepare, upload)
         outputs = await self.batched(array[None])
-        probabilities = outputs["probabilities"][0].tolist()
-        return {
-            "predictions": [
-                {"label": self.classes[i], "index": i, "probability": probabilities[i]}
-                for i in outputs["order"][0, :top_k].tolist()
-            ]
-        }
+        return {"predictions": self._predictions(outputs, self.classes, top_k)}
+
+    async def classify_text(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> dict[str, Any]:
+        """The /classify answer for a text (JSON or text/plain), tokenized in a thread."""
+        self._require_ready()
+        if self.text is None:
+            raise RequestError(f"/classify with {content_type}: this model is not a text classifier", 415)
+        try:
+            encoded, top_k = await self.decoders.run(self.text.encode_body, body, content_type, params)
+        except BadText as err:
+            raise RequestError(str(err), status=err.status) from None
+        top_k = self._top_k(top_k)
+        outputs = await self.batched(encoded.rows)
+        return {"predictions": self._predictions(outputs, self.text.labels, top_k), "truncated": encoded.truncated[0]}
 
     def _prepare(self, upload: bytes) -> np.ndarray:
         try:
@@ -227,7 +276,7 @@ class HandoffClassifier:
             batch = await self.decoders.run(self._parse_predict, body)
             return await self.predict_rows(batch)
         inputs = await self.decoders.run(self._parse_inputs, body)
-        outputs = await self.batched(inputs)
+        outputs = {name: a for name, a in (await self.batched(inputs)).items() if name != "order"}
         try:
             check_answer_size(outputs, CONFIG.max_answer_numbers)
         except ProtocolError as err:
@@ -267,6 +316,8 @@ class HandoffClassifier:
         """The protocol's infer, through the same batcher as every other route (serve/oip_infer.py)."""
         if self.task == TASK_IMAGE_CLASSIFICATION:
             return await classifier_infer(self, request, CONFIG.max_batch_size)
+        if self.task == TASK_TEXT_CLASSIFICATION:
+            return await text_infer(self, request, CONFIG.max_batch_size)
         return await tensor_infer(self, request, CONFIG.max_batch_size, CONFIG.max_answer_numbers)
 
     def prepare_files(self, files: list[bytes]) -> np.ndarray:

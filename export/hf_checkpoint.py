@@ -1,0 +1,99 @@
+"""Hugging Face checkpoints: a folder whose `config.json` names the model, and the weights beside it or elsewhere.
+
+    python -m export out/checkpoint-30                      # Trainer's checkpoint-N, or a save_pretrained folder
+    python -m export out/                                   # the newest checkpoint-N in Trainer's output folder
+    python -m export state.pt --hf-config base-model/       # a plain DDP state_dict (`module.` keys) and its config
+    python -m export accel_state/ --hf-config base-model/   # an Accelerate save_state folder and its config
+
+The weights are read as every other checkpoint is (export/folders.py: `model.safetensors`, sharded safetensors
+with their index, `pytorch_model.bin` with weights_only=True). The model is built from the config with
+transformers' Auto classes; a config that needs the model's own code (`auto_map`) is refused unless
+--trust-remote-code, since that runs code from the folder. transformers is imported only on this path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+TRAINER_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+HEADS = {  # the config's architecture suffix -> the Auto class that builds it
+    "ForSequenceClassification": "AutoModelForSequenceClassification",
+    "ForTokenClassification": "AutoModelForTokenClassification",
+}
+
+
+@dataclass(frozen=True)
+class HfCheckpoint:
+    """Where the config (and, found beside it, the tokenizer) is, and where the weights are."""
+
+    config_dir: Path
+    weights: Path
+    config: dict[str, Any]
+
+    @property
+    def architecture(self) -> str:
+        return (self.config.get("architectures") or [""])[0]
+
+    @property
+    def head(self) -> str:
+        """The Auto class for the config's architecture; ValueError for a task handoff does not serve."""
+        for suffix, auto in HEADS.items():
+            if self.architecture.endswith(suffix):
+                return auto
+        raise ValueError(
+            f"{self.config_dir / CONFIG}: architecture {self.architecture or '(none)'}; handoff exports "
+            "sequence and token classifiers (*ForSequenceClassification, *ForTokenClassification)"
+        )
+
+
+def _newest_trainer_checkpoint(folder: Path) -> Path | None:
+    steps = [(int(m.group(1)), p) for p in folder.iterdir() if (m := TRAINER_CHECKPOINT.fullmatch(p.name))]
+    steps = [(n, p) for n, p in steps if (p / CONFIG).is_file()]
+    return max(steps)[1] if steps else None
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a readable Hugging Face config ({err})") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ValueError(f"{path}: not a Hugging Face model config (no model_type)")
+    return config
+
+
+def find_hf_checkpoint(checkpoint: Path, hf_config: Path | None) -> HfCheckpoint | None:
+    """The Hugging Face checkpoint at `checkpoint` (with `hf_config`, its config folder), or None when it is not
+    one (no config.json beside the weights, and no --hf-config)."""
+    if hf_config is not None:
+        if not (hf_config / CONFIG).is_file():
+            raise ValueError(f"--hf-config={hf_config}: no {CONFIG} there (a save_pretrained or checkpoint folder)")
+        return HfCheckpoint(hf_config, checkpoint, _read_config(hf_config))
+    if not checkpoint.is_dir():
+        return None
+    if (checkpoint / CONFIG).is_file():
+        config = _read_config(checkpoint)
+        return HfCheckpoint(checkpoint, checkpoint, config) if "architectures" in config else None
+    newest = _newest_trainer_checkpoint(checkpoint)
+    if newest is None:
+        return None
+    return HfCheckpoint(newest, newest, _read_config(newest))
+
+
+def tokenizer_folder(hf: HfCheckpoint, tokenizer: Path | None) -> Path | None:
+    """Where the tokenizer is: --tokenizer, else beside the config (Trainer saves it there), else beside the weights."""
+    if tokenizer is not None:
+        if not any((tokenizer / name).is_file() for name in TOKENIZER_FILES):
+            raise ValueError(f"--tokenizer={tokenizer}: no tokenizer files there ({', '.join(TOKENIZER_FILES[:2])})")
+        return tokenizer
+    for folder in (hf.config_dir, hf.weights if hf.weights.is_dir() else hf.weights.parent):
+        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
+            return folder
+    return None

@@ -1,0 +1,233 @@
+"""Export a Hugging Face text classifier with its tokenizer: the checkpoint folder in, an export that takes text.
+
+The model is built from its config (export/hf_checkpoint.py) and called with the token inputs its tokenizer
+makes (`input_ids`, `attention_mask`, and `token_type_ids` where the tokenizer gives them), giving `logits`.
+Its example is what the tokenizer makes of real sentences of several lengths, padded to the longest, so the
+tensor export's parity (export/tensor_parity.py: 1, 2 and all rows, the sequence cut short) runs on real token
+ids. Two checks are a text model's own:
+- the served tokenizer (export/tokenizer_spec.py, the `tokenizers` library) gives the very ids the training
+  tokenizer (transformers) gives, truncation included;
+- padding is exact: each sentence's logits in the padded batch equal its logits alone, in every artifact.
+The tokenizer's files and the model's config.json are copied into the export and hashed in the manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tokenizers import Tokenizer
+
+from export.classifier_export import EXIT_OK, EXIT_PARITY, tolerance_of
+from export.hf_checkpoint import CONFIG, HfCheckpoint, tokenizer_folder
+from export.job import Job, log_loading, source_fields
+from export.manifest import describe_artifacts, new_tensor_manifest, write_manifest
+from export.parity import Tolerance, onnx_sessions
+from export.signature import TASK_TEXT_CLASSIFICATION
+from export.sources import read_source
+from export.steps import timed
+from export.tensor_export import CLASSIFIER_ONLY, write_tensor_export
+from export.tensor_model import Example, describe
+from export.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
+from export.unwrap import strict_load, unwrap_keys
+
+log = logging.getLogger("export")
+
+# What parity runs on: real sentences, short and long, so a padded batch holds rows of very different lengths.
+SENTENCES = (
+    "Great.",
+    "The film was a delight from start to finish, and the cast was superb.",
+    "I would not recommend this product to anyone.",
+    "The delivery was late, the box was damaged and nobody answered my emails for a week.",
+    "It works.",
+    "An honest, moving and beautifully shot story about a family that keeps going when everything falls apart.",
+)
+TOKENIZER_COPIES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+class Logits(nn.Module):
+    """A transformers classifier called with token inputs by name, giving its logits alone."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.model(**inputs, return_dict=True).logits}
+
+
+def build_hf_model(hf: HfCheckpoint, state: dict[str, torch.Tensor], trust_remote_code: bool) -> tuple[nn.Module, Any]:
+    """The model the config describes, with the checkpoint's weights loaded strictly (wrapper prefixes removed)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # its notes about training (the loss it would use) are not ours
+    if "auto_map" in hf.config and not trust_remote_code:
+        raise ValueError(
+            f"{hf.config_dir / CONFIG} needs the model's own code (auto_map), which would run code from that folder; "
+            "add --trust-remote-code if you trust it"
+        )
+    config = transformers.AutoConfig.from_pretrained(
+        hf.config_dir, trust_remote_code=trust_remote_code, local_files_only=True
+    )
+    model = getattr(transformers, hf.head).from_config(config, trust_remote_code=trust_remote_code)
+    unwrapped = unwrap_keys(state, set(model.state_dict()))
+    tied = set(model.state_dict()) - set(unwrapped.state_dict)
+    if tied and hasattr(model, "tie_weights"):  # tied embeddings are saved once; load the rest, then tie
+        missing, _ = model.load_state_dict(unwrapped.state_dict, strict=False)
+        model.tie_weights()
+        if set(missing) - tied:
+            strict_load(model, unwrapped.state_dict, hf.architecture)
+    else:
+        strict_load(model, unwrapped.state_dict, hf.architecture)
+    return model.float().eval(), unwrapped
+
+
+def load_tokenizer(folder: Path, trust_remote_code: bool) -> Any:
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        folder, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    if getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise ValueError(
+            f"the tokenizer in {folder} is a slow (Python) tokenizer with no tokenizer.json; the service runs the "
+            "tokenizers library: save it with use_fast=True"
+        )
+    return tokenizer
+
+
+def tokenizer_settings(tokenizer: Any, config: Any) -> TokenizerSettings:
+    limits = [n for n in (tokenizer.model_max_length, getattr(config, "max_position_embeddings", None)) if n]
+    max_length = min(n for n in limits if n < 10**6) if any(n < 10**6 for n in limits) else 512
+    inputs = tuple(n for n in ("input_ids", MASK, "token_type_ids") if n in tokenizer.model_input_names)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return TokenizerSettings(
+        TOKENIZER_JSON, max_length, pad_id, str(tokenizer.pad_token or ""), tokenizer.padding_side, inputs
+    )
+
+
+def _long_text(settings: TokenizerSettings) -> str:
+    """A text past the model's maximum length: truncation is part of what is checked."""
+    return " ".join(SENTENCES * (settings.max_length // 8 + 1))
+
+
+def text_job(
+    args: argparse.Namespace, hf: HfCheckpoint, formats: list[str], device: torch.device, timings: dict[str, float]
+) -> Job:
+    given = [flag for attr, flag in CLASSIFIER_ONLY.items() if getattr(args, attr)]
+    if given:
+        raise ValueError(f"{', '.join(given)}: for image classifiers; a Hugging Face text model takes none")
+    with timed(timings, "load"):
+        src = read_source(hf.weights, trust_pickle=args.trust_pickle, ema=args.ema)
+        if hf.weights == hf.config_dir:  # Trainer's checkpoint-N or a save_pretrained folder
+            src.kind = "transformers"
+        model, unwrapped = build_hf_model(hf, src.state_dict, args.trust_remote_code)
+    folder = tokenizer_folder(hf, args.tokenizer)
+    if folder is None:
+        raise ValueError(
+            f"no tokenizer beside {hf.config_dir} (tokenizer.json or tokenizer_config.json): give --tokenizer DIR, "
+            "the folder the training script's tokenizer was saved to"
+        )
+    tokenizer = load_tokenizer(folder, args.trust_remote_code)
+    settings = tokenizer_settings(tokenizer, model.config)
+    served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
+    example = Example({n: torch.from_numpy(a) for n, a in served.encode(list(SENTENCES)).rows.items()}, keywords=True)
+    dynamic = {name: (1,) for name in settings.inputs}
+    signature, wrapped = describe(Logits(model), example, dynamic)
+    log_loading(src, unwrapped)
+    labels = [str(model.config.id2label.get(i, i)) for i in range(model.config.num_labels)]
+    manifest = new_tensor_manifest(
+        hf.architecture,
+        signature,
+        {n: list(d) for n, d in dynamic.items()},
+        source_fields(hf.weights, src, unwrapped),
+        timings,
+    )
+    manifest |= {
+        "task": TASK_TEXT_CLASSIFICATION,
+        "labels": labels,
+        "tokenizer": settings.to_manifest(),
+        "hf": {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG},
+    }
+
+    def write(out: Path) -> int:
+        status = write_tensor_export(wrapped, example, dynamic, formats, device, tolerance_of(args), manifest, out)
+        copied = _copy_tokenizer(tokenizer, model, out)
+        checks = [_same_ids(tokenizer, served, settings), *_padding_is_exact(served, out, device, tolerance_of(args))]
+        return _add_text_checks(manifest, out, copied, checks, status)
+
+    return Job(manifest, write, f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer")
+
+
+def _copy_tokenizer(tokenizer: Any, model: nn.Module, out: Path) -> list[str]:
+    """The served tokenizer.json (with no padding or truncation of its own: the manifest says those), the training
+    tokenizer's other files and the model's config, into the export."""
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer.save_pretrained(scratch)
+        copied = [name for name in TOKENIZER_COPIES if (Path(scratch) / name).is_file()]
+        for name in copied:
+            shutil.copyfile(Path(scratch) / name, out / name)
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # a copy: the training tokenizer stays as is
+    backend.no_padding()
+    backend.no_truncation()
+    (out / TOKENIZER_JSON).write_text(backend.to_str())
+    model.config.to_json_file(out / CONFIG)
+    return [TOKENIZER_JSON, *copied, CONFIG]
+
+
+def _same_ids(tokenizer: Any, served: TextTokenizer, settings: TokenizerSettings) -> tuple[str, str | None]:
+    """The served tokenizer against the training one, on every sentence and a text past the maximum length."""
+    texts = [*SENTENCES, _long_text(settings)]
+    ours = served.tokenizer.encode_batch(texts)
+    for text, encoding in zip(texts, ours, strict=True):
+        theirs = tokenizer(text, truncation=True, max_length=settings.max_length)["input_ids"]
+        if list(encoding.ids) != list(theirs):
+            return "tokenizer", f"the served tokenizer's ids differ from transformers' for {text[:40]!r}"
+    return "tokenizer", None
+
+
+def _padding_is_exact(
+    served: TextTokenizer, out: Path, device: torch.device, tol: Tolerance
+) -> list[tuple[str, str | None]]:
+    """In each ONNX session: every sentence's logits in the padded batch against its logits alone."""
+    batch = served.encode(list(SENTENCES)).rows
+    checks = []
+    for provider, _, session in onnx_sessions(out / "model.onnx", device):
+        names = [i.name for i in session.get_inputs()]
+        together = session.run(None, {n: batch[n] for n in names})[0]
+        worst = 0.0
+        for row, text in enumerate(SENTENCES):
+            alone = session.run(None, {n: a for n, a in served.encode([text]).rows.items() if n in names})[0]
+            worst = max(worst, float(np.abs(together[row] - alone[0]).max()))
+        scale = float(np.abs(together).max())
+        failed = worst > tol.atol + tol.rtol * scale
+        checks.append(
+            (f"padding ({provider})", f"a padded row differs from the text alone by {worst:.2e}" if failed else None)
+        )
+    return checks
+
+
+def _add_text_checks(
+    manifest: dict[str, Any], out: Path, copied: list[str], checks: list[tuple[str, str | None]], status: int
+) -> int:
+    """The tokenizer's files in the artifacts, the text checks in the parity report; the manifest rewritten."""
+    manifest["artifacts"] |= describe_artifacts(out, copied)
+    report = manifest["parity"]
+    report["text"] = [{"check": name, "pass": reason is None, "reason": reason} for name, reason in checks]
+    report["summary"] = [
+        *report["summary"],
+        *(f"  {name:<22} {'pass' if r is None else 'FAIL: ' + r}" for name, r in checks),
+    ]
+    if any(reason is not None for _, reason in checks) and report["pass"] is not False:
+        report["pass"] = False
+        manifest["status"] = "failed"
+        status = EXIT_PARITY
+    write_manifest(out, manifest)
+    return status if status != EXIT_OK else EXIT_OK

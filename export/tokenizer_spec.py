@@ -1,0 +1,100 @@
+"""A text model's tokenizer as the manifest records it, and the one way texts become the model's inputs: the
+export proves its parity with it, and the service tokenizes with it (no transformers, no torch: the `tokenizers`
+library and NumPy).
+
+The export writes the training tokenizer's `tokenizer.json` into the folder and `TokenizerSettings` into the
+manifest's `tokenizer`: truncation to the model's maximum length, the pad token and side, and the token inputs the
+model takes. A batch is padded to its longest text with the pad token's id and a zero attention mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MASK = "attention_mask"
+TOKENIZER_JSON = "tokenizer.json"
+ENCODING_FIELDS = {"input_ids": "ids", MASK: "attention_mask", "token_type_ids": "type_ids"}
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    """The manifest's `tokenizer`: the file and how it was set in training."""
+
+    file: str
+    max_length: int
+    pad_id: int
+    pad_token: str
+    padding_side: str  # "right" | "left"
+    inputs: tuple[str, ...]  # the model's token inputs, in order: input_ids, attention_mask[, token_type_ids]
+
+    @classmethod
+    def from_manifest(cls, entry: dict[str, Any]) -> TokenizerSettings:
+        return cls(
+            entry["file"],
+            int(entry["max_length"]),
+            int(entry["pad_id"]),
+            entry["pad_token"],
+            entry["padding_side"],
+            tuple(entry["inputs"]),
+        )
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "max_length": self.max_length,
+            "truncation": True,
+            "pad_id": self.pad_id,
+            "pad_token": self.pad_token,
+            "padding_side": self.padding_side,
+            "inputs": list(self.inputs),
+        }
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One request's texts as the model's inputs (padded to the longest of them), and which were truncated."""
+
+    rows: dict[str, np.ndarray]
+    truncated: list[bool]
+
+
+class TextTokenizer:
+    """The exported tokenizer, truncating to the model's maximum; no padding here (the batch pads)."""
+
+    def __init__(self, tokenizer_json: bytes, settings: TokenizerSettings) -> None:
+        from tokenizers import Tokenizer  # only a text model needs it
+
+        self.settings = settings
+        self.tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(settings.max_length)
+
+    def encode(self, texts: list[str]) -> Encoded:
+        encodings = self.tokenizer.encode_batch(texts)
+        parts = [
+            {name: np.asarray([getattr(e, ENCODING_FIELDS[name])], dtype=np.int64) for name in self.settings.inputs}
+            for e in encodings
+        ]
+        return Encoded(pad_to_longest(parts, self.settings), [bool(e.overflowing) for e in encodings])
+
+
+def pad_to_longest(parts: list[dict[str, np.ndarray]], settings: TokenizerSettings) -> dict[str, np.ndarray]:
+    """Token inputs of different lengths as one batch: each padded to the longest, on the tokenizer's side."""
+    longest = max(p[MASK].shape[1] for p in parts)
+    joined = {}
+    for name in settings.inputs:
+        fill = settings.pad_id if name == "input_ids" else 0
+        padded = [_pad(p[name], longest, fill, settings.padding_side) for p in parts]
+        joined[name] = np.concatenate(padded) if len(padded) > 1 else padded[0]
+    return joined
+
+
+def _pad(array: np.ndarray, length: int, fill: int, side: str) -> np.ndarray:
+    missing = length - array.shape[1]
+    if missing == 0:
+        return array
+    pad = np.full((array.shape[0], missing), fill, dtype=array.dtype)
+    return np.concatenate([array, pad] if side == "right" else [pad, array], axis=1)

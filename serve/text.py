@@ -1,0 +1,114 @@
+"""A text classifier's serving side: the tokenizer it was trained with, texts in, padded batches to the model.
+
+The export (export/text_export.py) copies the tokenizer into the folder as `tokenizer.json` and records its
+settings in the manifest (`tokenizer`); the service builds it with the `tokenizers` library (no transformers, no
+torch) from the bytes checked against the manifest. A text longer than the model's maximum is truncated to it,
+as the tokenizer was set to do in training, and the answer says so (`"truncated": true`); a text past
+HANDOFF_MAX_TEXT_CHARS is refused (413) before it is tokenized.
+
+Requests of different lengths share a batch (`PaddedSequences`): each is padded to the longest in its batch
+with the pad token and a zero attention mask, which export/text_export.py proved leaves every row's answer as it
+is alone. A batch holds at most `max_tokens` padded tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from export.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
+from serve.oip import TEXT_INPUT
+
+
+class BadText(ValueError):
+    """A text the service cannot take, with the status to answer."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class PaddedSequences:
+    """serve/batching.py's batch shape for token inputs: any lengths share a batch, padded to the longest (the
+    pad token's id, a zero mask), up to `max_tokens` padded tokens in all."""
+
+    def __init__(self, settings: TokenizerSettings, max_tokens: int | None = None) -> None:
+        self.settings = settings
+        self.max_tokens = max_tokens
+
+    def key(self, rows: Any) -> tuple:
+        return ()
+
+    def join(self, parts: list[Any]) -> dict[str, np.ndarray]:
+        return pad_to_longest(parts, self.settings)
+
+    def fits(self, parts: list[Any], more: Any) -> bool:
+        if self.max_tokens is None:
+            return True
+        rows = sum(p[MASK].shape[0] for p in parts) + more[MASK].shape[0]
+        longest = max(more[MASK].shape[1], *(p[MASK].shape[1] for p in parts))
+        return rows * longest <= self.max_tokens
+
+
+def texts_of_body(body: bytes, content_type: str, max_chars: int) -> tuple[str, dict[str, Any]]:
+    """POST /classify's text: a JSON `{"text": "...", "top_k": K}` or a text/plain body; and the JSON's other
+    fields. BadText (400) for anything else."""
+    if content_type == "text/plain":
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise BadText(f"the body is not valid UTF-8 (byte {err.start})") from None
+        return checked_text(text, max_chars, "the body"), {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise BadText(f"the body is not valid JSON ({str(err)[:120]})") from None
+    if not isinstance(document, dict) or "text" not in document or set(document) - {"text", "top_k"}:
+        raise BadText('expected a JSON object {"text": "...", "top_k": K}, top_k optional')
+    return checked_text(document["text"], max_chars, '"text"'), {k: v for k, v in document.items() if k != "text"}
+
+
+def checked_text(text: Any, max_chars: int, what: str) -> str:
+    if not isinstance(text, str):
+        raise BadText(f"{what} must be a string, not {type(text).__name__}")
+    if not text.strip():
+        raise BadText(f"{what} is empty: send the text to classify")
+    if len(text) > max_chars:
+        raise BadText(f"{what} holds {len(text)} characters; at most {max_chars} (HANDOFF_MAX_TEXT_CHARS)", 413)
+    return text
+
+
+def texts_of_elements(elements: list[bytes], max_chars: int) -> list[str]:
+    """The protocol's BYTES elements as texts: each UTF-8, not empty, not too long."""
+    texts = []
+    for index, element in enumerate(elements):
+        try:
+            text = element.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise BadText(f"{TEXT_INPUT}[{index}] is not valid UTF-8 (byte {err.start})") from None
+        texts.append(checked_text(text, max_chars, f"{TEXT_INPUT}[{index}]"))
+    return texts
+
+
+class TextModel:
+    """A text classifier's tokenizer, labels and batch shape, loaded from the export's verified bytes."""
+
+    def __init__(self, tokenizer_json: bytes, manifest: dict[str, Any], max_chars: int, max_batch_tokens: int) -> None:
+        settings = TokenizerSettings.from_manifest(manifest["tokenizer"])
+        self.tokenizer = TextTokenizer(tokenizer_json, settings)
+        self.labels: list[str] = manifest["labels"]
+        self.max_chars = max_chars
+        self.batch_shape = PaddedSequences(settings, max(max_batch_tokens, settings.max_length))
+
+    def encode_body(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> tuple[Encoded, Any]:
+        """POST /classify's body as the model's rows, and its top_k (the JSON's, else the query string's)."""
+        text, fields = texts_of_body(body, content_type, self.max_chars)
+        if params.keys() - {"top_k"}:
+            raise BadText(f"unknown query parameter(s) {', '.join(sorted(params.keys() - {'top_k'}))}; expected top_k")
+        top_k = fields.get("top_k", params.get("top_k", ["5"])[-1])
+        return self.tokenizer.encode([text]), top_k
+
+    def encode_elements(self, elements: list[bytes]) -> Encoded:
+        return self.tokenizer.encode(texts_of_elements(elements, self.max_chars))
