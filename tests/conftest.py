@@ -143,6 +143,25 @@ def exported(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def text_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A tiny DistilBERT fine-tuned by Hugging Face's Trainer under torchrun (2 gloo processes,
+    tests/fixtures/hf_text_trainer.py), and its checkpoint-30 exported with no flags (checkpoint-30.export).
+    Built once per run, like `exported`."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    run_dir = shared / "text_run"
+    with FileLock(str(shared / "text_run.lock")):
+        if not (run_dir / "checkpoint-30.export" / "manifest.json").is_file():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            script = str(ROOT / "tests" / "fixtures" / "hf_text_trainer.py")
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+            trained = run([*launcher, script, str(run_dir)])
+            assert trained.returncode == 0, trained.stderr[-3000:]
+            done = run([sys.executable, "-m", "export", str(run_dir / "checkpoint-30"), "--no-bento"])
+            assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="session")
 def eager(exported: Path):
     """The eager model behind the export, with its torchvision evaluation transform."""
     return eager_from_export(exported)

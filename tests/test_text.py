@@ -1,0 +1,202 @@
+"""Hugging Face text classifiers end to end: Trainer's checkpoint-N (trained under torchrun with 2 gloo processes)
+exported with no flags, served, and answering /classify and the protocol's BYTES texts as the eager model does on
+the same tokenizer's ids. The DDP state_dict + --hf-config case, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import transformers
+import tritonclient.http as triton
+from conftest import Server, run
+from safetensors.numpy import load_file
+
+from export.manifest import read_manifest_unchecked
+
+pytestmark = pytest.mark.xdist_group("text")
+
+TEXTS = [
+    "the film was superb.",
+    "the meal was awful.",
+    "this book was a joy to watch and I would say so to anyone who asked me about it.",
+    "our trip was dull",
+    "Great!",
+]
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def eager(text_run: Path):
+    """The trained model and its tokenizer as transformers loads them: the reference every answer is held to."""
+    checkpoint = text_run / "checkpoint-30"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(checkpoint, local_files_only=True).eval()
+
+    def logits(text: str) -> np.ndarray:
+        with torch.no_grad():
+            ids = tokenizer(text, truncation=True, max_length=32, return_tensors="pt")
+            return model(**ids).logits[0].numpy()
+
+    return logits
+
+
+@pytest.fixture(scope="module")
+def server(text_run: Path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("text") / "serve.log"
+    with Server(log, HANDOFF_MODEL_DIR=str(text_run / "checkpoint-30.export"), HANDOFF_MAX_TEXT_CHARS="2000") as srv:
+        srv.wait_ready()
+        yield srv
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def test_trainers_checkpoint_exports_with_no_flags_and_its_tokenizer(text_run: Path):
+    manifest = read_manifest_unchecked(text_run / "checkpoint-30.export")
+    assert manifest["task"] == "text-classification" and manifest["status"] == "passed"
+    assert manifest["arch"] == "DistilBertForSequenceClassification" and manifest["labels"] == ["negative", "positive"]
+    assert manifest["source"]["container"] == "transformers"
+    tokenizer = manifest["tokenizer"]
+    assert tokenizer["max_length"] == 32 and tokenizer["pad_token"] == "[PAD]" and tokenizer["padding_side"] == "right"
+    assert tokenizer["inputs"] == ["input_ids", "attention_mask"]
+    assert {"tokenizer.json", "tokenizer_config.json", "config.json", "model.onnx"} <= set(manifest["artifacts"])
+    assert [c["check"] for c in manifest["parity"]["text"]][0] == "tokenizer"
+    assert all(c["pass"] for c in manifest["parity"]["text"]) and manifest["parity"]["pass"]
+    shapes = {t["name"]: t["shape"] for t in manifest["signature"]["inputs"]}
+    assert shapes == {"input_ids": [-1, -1], "attention_mask": [-1, -1]}
+
+
+def test_classify_answers_a_text_as_the_eager_model(server, eager):
+    for text in TEXTS:
+        for answer in (
+            httpx.post(f"{server.url}/classify", json={"text": text, "top_k": 2}, timeout=30),
+            httpx.post(f"{server.url}/classify", content=text.encode(), headers={"content-type": "text/plain"}),
+        ):
+            assert answer.status_code == 200, answer.text
+            expected = softmax(eager(text))
+            best = answer.json()["predictions"]
+            assert best[0]["index"] == int(expected.argmax()) and best[0]["label"] in ("negative", "positive")
+            assert abs(best[0]["probability"] - expected.max()) < ATOL
+    one = httpx.post(f"{server.url}/classify?top_k=1", content=b"dull", headers={"content-type": "text/plain"}).json()
+    assert len(one["predictions"]) == 1 and one["truncated"] is False
+
+
+def test_a_text_past_the_models_length_is_truncated_and_says_so(server, eager):
+    text = " ".join(TEXTS * 4)
+    answer = httpx.post(f"{server.url}/classify", json={"text": text}, timeout=30).json()
+    assert answer["truncated"] is True
+    assert abs(answer["predictions"][0]["probability"] - softmax(eager(text)).max()) < ATOL
+
+
+def test_24_texts_of_different_lengths_at_once_each_as_alone(server, eager):
+    texts = [" ".join([TEXTS[i % len(TEXTS)]] * (1 + i % 3)) for i in range(24)]
+
+    def send(text: str) -> dict:
+        answer = httpx.post(f"{server.url}/classify", json={"text": text, "top_k": 2}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    with ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(send, texts))
+    for text, answer in zip(texts, answers, strict=True):
+        expected = softmax(eager(text))
+        got = {p["index"]: p["probability"] for p in answer["predictions"]}
+        assert max(abs(got[i] - expected[i]) for i in range(2)) < ATOL, text
+
+
+def test_the_protocol_takes_texts_as_bytes(server, eager):
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    metadata = client.get_model_metadata("handoff")
+    assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    texts = np.array([t.encode() for t in TEXTS], dtype=object)
+    given = triton.InferInput("text", [len(TEXTS)], "BYTES")
+    given.set_data_from_numpy(texts)
+    wanted = [triton.InferRequestedOutput("logits"), triton.InferRequestedOutput("probabilities", class_count=1)]
+    result = client.infer("handoff", [given], outputs=wanted)
+    expected = np.stack([eager(t) for t in TEXTS])
+    assert np.abs(result.as_numpy("logits") - expected).max() < ATOL
+    labels = [row[0].decode().split(":")[2] for row in result.as_numpy("probabilities")]
+    assert labels == [["negative", "positive"][i] for i in expected.argmax(1)]
+
+
+def test_bad_texts_get_a_4xx_naming_the_problem(server):
+    url = f"{server.url}/classify"
+    cases = [
+        ({"json": {"text": ""}}, 400, "empty"),
+        ({"json": {"text": 7}}, 400, "must be a string"),
+        ({"json": {"words": "hi"}}, 400, "expected a JSON object"),
+        ({"json": {"text": "hi", "top_k": 0}}, 400, "top_k"),
+        ({"content": b"\xff\xfe", "headers": {"content-type": "text/plain"}}, 400, "UTF-8"),
+        ({"json": {"text": "x" * 2001}}, 413, "HANDOFF_MAX_TEXT_CHARS"),
+        ({"content": b"\x89PNG\r\n", "headers": {"content-type": "image/png"}}, 415, "classifies text"),
+    ]
+    for kwargs, status, words in cases:
+        answer = httpx.post(url, timeout=30, **kwargs)
+        assert answer.status_code == status and words in answer.json()["error"], (kwargs, answer.text)
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    bad = triton.InferInput("text", [1], "BYTES")
+    bad.set_data_from_numpy(np.array([b"\xff"], dtype=object))
+    with pytest.raises(Exception, match="UTF-8"):
+        client.infer("handoff", [bad])
+    assert server.status("/readyz") == 200
+
+
+def test_predict_still_takes_token_ids(server, eager):
+    tokenizer_ids = {"input_ids": [[2, 10, 11, 3]], "attention_mask": [[1, 1, 1, 1]]}
+    answer = httpx.post(f"{server.url}/predict", json={"inputs": tokenizer_ids}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert set(answer.json()["outputs"]) == {"logits", "probabilities"}
+
+
+def test_a_ddp_state_dict_exports_with_hf_config(text_run: Path, tmp_path: Path):
+    """rank 0's `torch.save(ddp_model.state_dict())` (`module.` keys), beside no config: --hf-config names the
+    folder the model was built from; the weights are the checkpoint's, the tokenizer found there."""
+    out = tmp_path / "from_state"
+    done = run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            str(text_run / "ddp_state.pt"),
+            "--hf-config",
+            str(text_run / "base"),
+            "--out",
+            str(out),
+            "--no-bento",
+            "--formats",
+            "onnx,safetensors",
+        ]
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = read_manifest_unchecked(out)
+    assert manifest["source"]["removed_prefixes"] == ["module."] and manifest["status"] == "passed"
+    ours, theirs = (
+        load_file(out / "model.safetensors"),
+        load_file(text_run / "checkpoint-30.export" / "model.safetensors"),
+    )
+    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_remote_code_and_a_missing_tokenizer_are_refused_in_one_line(text_run: Path, tmp_path: Path):
+    remote = tmp_path / "remote"
+    shutil.copytree(text_run / "base", remote)
+    config = json.loads((remote / "config.json").read_text())
+    (remote / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "mine.Config"}}))
+    refused = run([sys.executable, "-m", "export", str(text_run / "ddp_state.pt"), "--hf-config", str(remote)])
+    assert refused.returncode == 2 and "--trust-remote-code" in refused.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(text_run / "base" / "config.json", bare)
+    missing = run([sys.executable, "-m", "export", str(text_run / "ddp_state.pt"), "--hf-config", str(bare)])
+    assert missing.returncode == 2 and "--tokenizer" in missing.stderr
+    assert not (text_run / "ddp_state.export").exists(), "nothing is written for a refused export"
