@@ -63,7 +63,7 @@ class Logits(nn.Module):
         return {"logits": self.model(**inputs, return_dict=True).logits}
 
 
-def build_hf_model(hf: HfCheckpoint, state: dict[str, torch.Tensor], trust_remote_code: bool) -> tuple[nn.Module, Any]:
+def build_hf_model(hf: HfCheckpoint, state: dict[str, torch.Tensor], trust_remote_code: bool) -> tuple[Any, Any]:
     """The model the config describes, with the checkpoint's weights loaded strictly (wrapper prefixes removed)."""
     import transformers
 
@@ -139,7 +139,7 @@ def text_job(
     settings = tokenizer_settings(tokenizer, model.config)
     served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
     example = Example({n: torch.from_numpy(a) for n, a in served.encode(list(SENTENCES)).rows.items()}, keywords=True)
-    dynamic = {name: (1,) for name in settings.inputs}
+    dynamic: dict[str, tuple[int, ...]] = {name: (1,) for name in settings.inputs}
     signature, wrapped = describe(Logits(model), example, dynamic)
     log_loading(src, unwrapped)
     labels = [str(model.config.id2label.get(i, i)) for i in range(model.config.num_labels)]
@@ -166,7 +166,7 @@ def text_job(
     return Job(manifest, write, f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer")
 
 
-def _copy_tokenizer(tokenizer: Any, model: nn.Module, out: Path) -> list[str]:
+def _copy_tokenizer(tokenizer: Any, model: Any, out: Path) -> list[str]:
     """The served tokenizer.json (with no padding or truncation of its own: the manifest says those), the training
     tokenizer's other files and the model's config, into the export."""
     with tempfile.TemporaryDirectory() as scratch:

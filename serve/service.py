@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from bentoml import get_current_service
 from bentoml.exceptions import BentoMLException
 from starlette.applications import Starlette
 
-from export.manifest import ManifestError, fast_decode_checked, fast_decode_passed, read_artifact, read_manifest
+from export.manifest import ManifestError, fast_decode_passed, read_artifact, read_manifest
 from export.signature import (
     TASK_IMAGE_CLASSIFICATION,
     TASK_TENSORS,
@@ -45,6 +46,7 @@ from serve.decode_pool import DecodePool
 from serve.endpoint import app_routes, body_routes, known_paths, open_paths
 from serve.front_door import FrontDoor
 from serve.handlers import RequestError
+from serve.info import service_info
 from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
 from serve.logs import install_log_filters
 from serve.oip import ProtocolSurface
@@ -153,7 +155,7 @@ class HandoffClassifier:
         for size in CONFIG.batch_buckets():  # so the first real request is not the slow one
             self.runtime(np.zeros((size, *self.input_shape), dtype=np.float32))
 
-    def _padded_batch_sizes(self) -> list[int] | None:
+    def padded_batch_sizes(self) -> list[int] | None:
         """On a GPU, batches run only at the sizes warmed up in _load (see serve/batching.py for why)."""
         return CONFIG.batch_buckets() if self.runtime.device == "cuda" else None
 
@@ -180,12 +182,15 @@ class HandoffClassifier:
         its `logits`, `probabilities` and each row's classes best first (`order`); any model's outputs by name
         for its inputs by name."""
         if self.batcher is None:  # created on the server's event loop, at the first request
-            model = {TASK_IMAGE_CLASSIFICATION: self._classify_batch, TASK_TEXT_CLASSIFICATION: self._classify_texts}
+            model: dict[str, Callable[[Any], Any]] = {
+                TASK_IMAGE_CLASSIFICATION: self._classify_batch,
+                TASK_TEXT_CLASSIFICATION: self._classify_texts,
+            }
             self.batcher = ModelBatcher(
                 model.get(self.task, self.runtime.run_named),
                 CONFIG.max_batch_size,
                 CONFIG.max_latency_ms,
-                self._padded_batch_sizes(),
+                self.padded_batch_sizes(),
                 self.decoders,
                 self.text.batch_shape if self.text else None,  # texts of any length share a batch, padded
             )
@@ -344,46 +349,9 @@ class HandoffClassifier:
         folder = CONFIG.model_dir
         return reason if CONFIG.show_paths or not folder else reason.replace(str(Path(folder).parent) + "/", "")
 
-    def _source(self) -> dict[str, Any]:
-        """Where the weights came from; absolute paths only with HANDOFF_SHOW_PATHS=1 (they show the host's layout)."""
-        source = dict(self.manifest["source"])
-        if not CONFIG.show_paths:
-            source["checkpoint"] = Path(source["checkpoint"]).name
-        return source
-
     def describe(self) -> dict[str, Any]:
         """What is being served, and on what (GET /info)."""
-        if self.not_ready is not None:
-            return {"ready": False, "reason": self.not_ready, "version": VERSION}
-        m = self.manifest
-        model: dict[str, Any] = {"arch": m["arch"], "task": self.task, "signature": self.signature.to_dict()}
-        if self.task == TASK_IMAGE_CLASSIFICATION:
-            model |= {k: m[k] for k in ("num_classes", "classes", "input", "preprocess")}
-            model["decode"] = {"setting": CONFIG.decode, "fast_jpeg": self.fast_decode, "check": fast_decode_checked(m)}
-        else:
-            model["dynamic"] = m.get("dynamic", {})
-        model |= {
-            "source": self._source(),
-            "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},
-            "sha256": m["artifacts"][self.runtime.artifact]["sha256"],
-            "folder": str(self.folder) if CONFIG.show_paths else self.folder.name,
-        }
-        return {
-            "ready": True,
-            "version": VERSION,
-            "model": model,
-            "runtime": self.runtime.name,
-            "precision": CONFIG.precision,
-            "provider": self.runtime.provider,
-            "device": self.runtime.device,
-            "batching": {
-                "max_batch_size": CONFIG.max_batch_size,
-                "max_latency_ms": CONFIG.max_latency_ms,
-                "padded_to": self._padded_batch_sizes(),
-            },
-            "cpu": {"workers": CONFIG.workers, "model_threads": self.model_threads},
-            "protocol": PROTOCOL.describe(),
-        }
+        return service_info(self, CONFIG, VERSION, PROTOCOL.describe())
 
 
 SERVICE: Any = HandoffClassifier  # the bentoml.Service the decorator made: its middlewares, outermost first

@@ -224,3 +224,49 @@ def test_the_kserve_manifest_matches_the_service(bento):
     table = endpoints(ProtocolSurface(env["HANDOFF_MODEL_NAME"], "1", lambda: None), "handoff", "1")
     assert probe["path"] in open_paths(table, env["HANDOFF_MODEL_NAME"]) and probe["path"].endswith("/ready")
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_a_bento_built_from_a_text_export_answers_a_text(bento, text_run, tmp_path):
+    """The Trainer's checkpoint exported into the store under its own name and built into a Bento: the Bento's
+    environment (the tokenizers library, no torch, no transformers) tokenizes and answers a text as the export's
+    own ONNX model does on the export's tokenizer."""
+    from export.tokenizer_spec import TextTokenizer, TokenizerSettings
+
+    env = {**os.environ, "BENTOML_HOME": str(bento["home"]), "HANDOFF_MODEL_NAME": "handoff-text"}
+    out = tmp_path / "text.export"
+    command = [sys.executable, "-m", "export", str(text_run / "checkpoint-30"), "--out", str(out), "--name"]
+    done = subprocess.run([*command, "handoff-text"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    built = subprocess.run(
+        [str(Path(sys.executable).parent / "bentoml"), "build", "--output", "tag"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    tag = built.stdout.strip().splitlines()[-1].removeprefix("__tag__:")
+    path = bento["home"] / "bentos" / tag.replace(":", "/")
+    requirements = (path / "env/python/requirements.txt").read_text()
+    assert requirements == (bento["path"] / "env/python/requirements.txt").read_text(), "the same environment"
+    assert "tokenizers==" in requirements and "\ntransformers==" not in requirements
+    python = bento["venv"] / "bin" / "python"
+    for absent in ("torch", "transformers"):
+        probe = subprocess.run([str(python), "-c", f"import {absent}"], capture_output=True, cwd=bento["cwd"])
+        assert probe.returncode != 0, f"{absent} is in the Bento's environment"
+
+    manifest = read_manifest_unchecked(out)
+    tokenizer = TextTokenizer(
+        (out / "tokenizer.json").read_bytes(), TokenizerSettings.from_manifest(manifest["tokenizer"])
+    )
+    text = "the film was superb."
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits = session.run(None, tokenizer.encode([text]).rows)[0][0]
+    with serve_bento({**bento, "tag": tag}, tmp_path / "bento.log", HANDOFF_MODEL_NAME="handoff-text") as srv:
+        srv.wait_ready()
+        answer = httpx.post(f"{srv.url}/classify", json={"text": text, "top_k": 2}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    expected = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    best = answer.json()["predictions"][0]
+    assert best["index"] == int(expected.argmax()) and abs(best["probability"] - expected.max()) < 1e-4

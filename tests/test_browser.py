@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import ROOT, Server, digit_images, eager_top1, png_bytes
 
@@ -96,3 +97,31 @@ def test_page_classifies_an_uploaded_image_like_the_eager_model(browser, exporte
     assert len(shown) == 5
     assert shown[0] == expected, f"page shows {shown}, eager top-1 is {expected}"
     assert "not an image" in error_shown, error_shown
+
+
+def test_page_classifies_a_sentence_for_a_text_model(browser, text_run, tmp_path):
+    """A text classifier's page: a sentence box instead of the image drop; the answer equals the service's."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    sentence = "the meal was awful and I would say so to anyone who asked me about it."
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(text_run / "checkpoint-30.export")) as srv:
+        srv.wait_ready()
+        expected = httpx.post(f"{srv.url}/classify", json={"text": sentence}, timeout=30).json()["predictions"]
+        browser.get(srv.url + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda d: d.find_element(By.ID, "model").get_attribute("data-ready") == "true")
+        assert not browser.find_element(By.ID, "drop").is_displayed()
+        box = browser.find_element(By.ID, "sentence")
+        box.clear()
+        box.send_keys(sentence)
+        browser.find_element(By.CSS_SELECTOR, "#textbox button").click()
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") in ("done", "error"))
+        assert browser.find_element(By.ID, "error").text == ""
+        shown = [
+            row.find_element(By.CLASS_NAME, "label").text
+            for row in browser.find_elements(By.CSS_SELECTOR, "tr.prediction")
+        ]
+        model_line = browser.find_element(By.ID, "model").text
+    assert shown == [p["label"] for p in expected]
+    assert "DistilBertForSequenceClassification" in model_line and "2 labels" in model_line, model_line
