@@ -23,6 +23,14 @@ def declared() -> dict[str, Requirement]:
     return {canonicalize_name(r.name): r for r in map(Requirement, project["dependencies"])}
 
 
+def optional() -> dict[str, Requirement]:
+    """The extras a user installs for one path (`text`: transformers, for a Hugging Face export)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return {
+        canonicalize_name(r.name): r for name, rows in extras.items() if name != "dev" for r in map(Requirement, rows)
+    }
+
+
 def locked() -> dict[str, Version]:
     pins = {}
     for line in (ROOT / "requirements/lock.txt").read_text().splitlines():
@@ -76,7 +84,7 @@ def imported_packages() -> set[str]:
 
 def test_every_imported_package_is_declared():
     distributions = importlib.metadata.packages_distributions()
-    names = set(declared())
+    names = set(declared()) | set(optional())
     undeclared = []
     for module in sorted(imported_packages()):
         owners = {canonicalize_name(d) for d in distributions.get(module, [])}

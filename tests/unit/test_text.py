@@ -1,0 +1,83 @@
+"""A text classifier's serving pieces in process: padding to the longest text, the batch's token bound, and the
+bodies /classify and the protocol take (serve/text.py, export/tokenizer_spec.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from export.tokenizer_spec import TokenizerSettings, pad_to_longest
+from serve.batching import ModelBatcher
+from serve.text import BadText, PaddedSequences, texts_of_body, texts_of_elements
+
+SETTINGS = TokenizerSettings("tokenizer.json", 8, 0, "[PAD]", "right", ("input_ids", "attention_mask"))
+
+
+def tokens(*ids: int) -> dict[str, np.ndarray]:
+    return {"input_ids": np.array([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
+
+
+def test_texts_are_padded_to_the_longest_on_the_tokenizers_side_with_a_zero_mask():
+    right = pad_to_longest([tokens(5, 6, 7), tokens(9)], SETTINGS)
+    assert right["input_ids"].tolist() == [[5, 6, 7], [9, 0, 0]]
+    assert right["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    left = pad_to_longest(
+        [tokens(5, 6, 7), tokens(9)], TokenizerSettings(**{**SETTINGS.__dict__, "padding_side": "left", "pad_id": 3})
+    )
+    assert left["input_ids"].tolist() == [[5, 6, 7], [3, 3, 9]] and left["attention_mask"].tolist()[1] == [0, 0, 1]
+
+
+def test_a_batch_holds_at_most_the_token_bound():
+    shape = PaddedSequences(SETTINGS, max_tokens=12)
+    assert shape.key(tokens(1)) == shape.key(tokens(1, 2, 3, 4)), "any lengths share a batch"
+    assert shape.fits([tokens(1, 2, 3)], tokens(4, 5, 6))  # 2 x 3 tokens
+    assert not shape.fits([tokens(1, 2, 3), tokens(1)], tokens(*range(5)))  # 3 x 5 = 15 > 12
+
+
+def test_the_batcher_pads_texts_of_different_lengths_into_one_batch_and_splits_the_answers():
+    seen = []
+
+    def model(rows):
+        seen.append(rows["input_ids"].shape)
+        return {"logits": rows["attention_mask"].sum(1, keepdims=True).astype(np.float32)}
+
+    async def three_at_once():
+        batcher = ModelBatcher(model, 8, 10_000, shape=PaddedSequences(SETTINGS))
+        return await asyncio.gather(*(batcher(tokens(*range(1, n + 1))) for n in (1, 4, 2)))
+
+    answers = asyncio.run(three_at_once())
+    assert [a["logits"].tolist() for a in answers] == [[[1.0]], [[4.0]], [[2.0]]], "each row's own length"
+    assert seen == [(3, 4)], "three lengths, one batch padded to the longest"
+
+
+@pytest.mark.parametrize(
+    "body, kind, error",
+    [
+        (b'{"text": ""}', "application/json", "empty"),
+        (b'{"text": ["a"]}', "application/json", "must be a string"),
+        (b'{"text": "a", "extra": 1}', "application/json", "expected a JSON object"),
+        (b"[1, 2]", "application/json", "expected a JSON object"),
+        (b"{", "application/json", "not valid JSON"),
+        (b"\xc3\x28", "text/plain", "UTF-8"),
+        (b"   ", "text/plain", "empty"),
+    ],
+)
+def test_a_bad_body_is_refused_with_what_is_wrong(body, kind, error):
+    with pytest.raises(BadText, match=error) as refused:
+        texts_of_body(body, kind, 100)
+    assert refused.value.status == 400
+
+
+def test_a_long_text_is_413_and_good_ones_pass():
+    with pytest.raises(BadText) as refused:
+        texts_of_body(b"x" * 101, "text/plain", 100)
+    assert refused.value.status == 413
+    assert texts_of_body(b'{"text": "caf\\u00e9", "top_k": 2}', "application/json", 100) == (
+        "café",
+        {"top_k": 2},
+    )
+    assert texts_of_elements(["naïve".encode(), b"ok"], 100) == ["naïve", "ok"]
+    with pytest.raises(BadText, match=r"text\[1\] is not valid UTF-8"):
+        texts_of_elements([b"ok", b"\xff"], 100)
