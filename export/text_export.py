@@ -131,10 +131,7 @@ def text_job(
         model, unwrapped = build_hf_model(hf, src.state_dict, args.trust_remote_code)
     folder = tokenizer_folder(hf, args.tokenizer)
     if folder is None:
-        raise ValueError(
-            f"no tokenizer beside {hf.config_dir} (tokenizer.json or tokenizer_config.json): give --tokenizer DIR, "
-            "the folder the training script's tokenizer was saved to"
-        )
+        return _token_ids_job(args, hf, model, src, unwrapped, formats, device, timings)
     tokenizer = load_tokenizer(folder, args.trust_remote_code)
     settings = tokenizer_settings(tokenizer, model.config)
     served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
@@ -164,6 +161,46 @@ def text_job(
         return _add_text_checks(manifest, out, copied, checks, status)
 
     return Job(manifest, write, f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer")
+
+
+def _token_ids_job(
+    args: argparse.Namespace,
+    hf: HfCheckpoint,
+    model: Any,
+    src: Any,
+    unwrapped: Any,
+    formats: list[str],
+    device: torch.device,
+    timings: dict[str, float],
+) -> Job:
+    """No tokenizer anywhere: the model exported as any model is (`task` tensors), taking token ids. Its example is
+    two rows of ids inside the vocabulary, the second padded (parity runs on them; nothing is tokenized)."""
+    log.warning(
+        "no tokenizer beside %s (tokenizer.json or tokenizer_config.json; --tokenizer DIR names one): exported as a "
+        "model that takes token ids, served on /predict and the protocol, not on /classify",
+        hf.config_dir,
+    )
+    vocabulary, length = int(model.config.vocab_size), 8
+    ids = (torch.arange(2 * length).reshape(2, length) * 7919 % (vocabulary - 1) + 1).long()
+    mask = torch.ones_like(ids)
+    mask[1, length // 2 :] = 0
+    example = Example({"input_ids": ids, "attention_mask": mask}, keywords=True)
+    dynamic: dict[str, tuple[int, ...]] = {"input_ids": (1,), "attention_mask": (1,)}
+    signature, wrapped = describe(Logits(model), example, dynamic)
+    log_loading(src, unwrapped)
+    manifest = new_tensor_manifest(
+        hf.architecture,
+        signature,
+        {n: list(d) for n, d in dynamic.items()},
+        source_fields(hf.weights, src, unwrapped),
+        timings,
+    )
+    tol = tolerance_of(args)
+    return Job(
+        manifest,
+        lambda out: write_tensor_export(wrapped, example, dynamic, formats, device, tol, manifest, out),
+        f"{hf.architecture} (no tokenizer: inputs input_ids, attention_mask; outputs logits)",
+    )
 
 
 def _copy_tokenizer(tokenizer: Any, model: Any, out: Path) -> list[str]:

@@ -187,16 +187,38 @@ def test_a_ddp_state_dict_exports_with_hf_config(text_run: Path, tmp_path: Path)
     assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
 
 
-def test_remote_code_and_a_missing_tokenizer_are_refused_in_one_line(text_run: Path, tmp_path: Path):
+def test_remote_code_is_refused_in_one_line(text_run: Path, tmp_path: Path):
     remote = tmp_path / "remote"
     shutil.copytree(text_run / "base", remote)
     config = json.loads((remote / "config.json").read_text())
     (remote / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "mine.Config"}}))
     refused = run([sys.executable, "-m", "export", str(text_run / "ddp_state.pt"), "--hf-config", str(remote)])
     assert refused.returncode == 2 and "--trust-remote-code" in refused.stderr
+    assert not (text_run / "ddp_state.export").exists(), "nothing is written for a refused export"
+
+
+def test_a_model_without_a_tokenizer_exports_as_a_model_of_token_ids(text_run: Path, tmp_path: Path):
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(text_run / "base" / "config.json", bare)
-    missing = run([sys.executable, "-m", "export", str(text_run / "ddp_state.pt"), "--hf-config", str(bare)])
-    assert missing.returncode == 2 and "--tokenizer" in missing.stderr
-    assert not (text_run / "ddp_state.export").exists(), "nothing is written for a refused export"
+    out = tmp_path / "ids.export"
+    done = run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            str(text_run / "ddp_state.pt"),
+            "--hf-config",
+            str(bare),
+            "--out",
+            str(out),
+            "--no-bento",
+            "--formats",
+            "onnx",
+        ]
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "no tokenizer" in done.stderr and "--tokenizer" in done.stderr
+    manifest = read_manifest_unchecked(out)
+    assert manifest["task"] == "tensors" and manifest["status"] == "passed" and "tokenizer" not in manifest
+    assert [t["name"] for t in manifest["signature"]["inputs"]] == ["input_ids", "attention_mask"]
