@@ -258,7 +258,11 @@ class HandoffClassifier:
         """The /classify answer for a text (JSON or text/plain), tokenized in a thread."""
         self._require_ready()
         if self.text is None:
-            raise RequestError(f"/classify with {content_type}: this model is not a text classifier", 415)
+            raise RequestError(
+                f"/classify with {content_type}: this model classifies images, sent as multipart/form-data "
+                "(field image) or as the image itself (image/jpeg, image/png, image/webp, image/bmp, image/gif)",
+                415,
+            )
         try:
             encoded, top_k = await self.decoders.run(self.text.encode_body, body, content_type, params)
         except BadText as err:
