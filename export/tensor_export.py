@@ -66,12 +66,16 @@ CLASSIFIER_ONLY = {
 }
 
 
+def refuse_classifier_flags(args: argparse.Namespace, what: str) -> None:
+    given = [flag for attr, flag in CLASSIFIER_ONLY.items() if getattr(args, attr)]
+    if given:
+        raise ValueError(f"{', '.join(given)}: for image classifiers; {what} takes none")
+
+
 def tensor_job(
     args: argparse.Namespace, checkpoint: Path, formats: list[str], device: torch.device, timings: dict[str, float]
 ) -> Job:
-    given = [flag for attr, flag in CLASSIFIER_ONLY.items() if getattr(args, attr)]
-    if given:
-        raise ValueError(f"{', '.join(given)}: for image classifiers; a model exported with --example takes none")
+    refuse_classifier_flags(args, "a model exported with --example")
     if args.model is None:
         raise ValueError("--example describes your own model: add --model module:factory, which builds it")
     example = load_example(args.example)

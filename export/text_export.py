@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 from tokenizers import Tokenizer
 
-from export.classifier_export import EXIT_OK, EXIT_PARITY, tolerance_of
+from export.classifier_export import EXIT_PARITY, tolerance_of
 from export.hf_checkpoint import CONFIG, HfCheckpoint, tokenizer_folder
 from export.job import Job, log_loading, source_fields
 from export.manifest import describe_artifacts, new_tensor_manifest, write_manifest
@@ -33,7 +33,7 @@ from export.parity import Tolerance, onnx_sessions
 from export.signature import TASK_TEXT_CLASSIFICATION
 from export.sources import read_source
 from export.steps import timed
-from export.tensor_export import CLASSIFIER_ONLY, write_tensor_export
+from export.tensor_export import refuse_classifier_flags, write_tensor_export
 from export.tensor_model import Example, describe
 from export.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
 from export.unwrap import strict_load, unwrap_keys
@@ -113,6 +113,19 @@ def tokenizer_settings(tokenizer: Any, config: Any) -> TokenizerSettings:
     )
 
 
+def _manifest(
+    hf: HfCheckpoint,
+    signature: Any,
+    dynamic: dict[str, tuple[int, ...]],
+    src: Any,
+    unwrapped: Any,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """The manifest of any model, for this Hugging Face checkpoint (a text model adds its own fields)."""
+    source = source_fields(hf.weights, src, unwrapped)
+    return new_tensor_manifest(hf.architecture, signature, {n: list(d) for n, d in dynamic.items()}, source, timings)
+
+
 def _long_text(settings: TokenizerSettings) -> str:
     """A text past the model's maximum length: truncation is part of what is checked."""
     return " ".join(SENTENCES * (settings.max_length // 8 + 1))
@@ -121,9 +134,7 @@ def _long_text(settings: TokenizerSettings) -> str:
 def text_job(
     args: argparse.Namespace, hf: HfCheckpoint, formats: list[str], device: torch.device, timings: dict[str, float]
 ) -> Job:
-    given = [flag for attr, flag in CLASSIFIER_ONLY.items() if getattr(args, attr)]
-    if given:
-        raise ValueError(f"{', '.join(given)}: for image classifiers; a Hugging Face text model takes none")
+    refuse_classifier_flags(args, "a Hugging Face text model")
     with timed(timings, "load"):
         src = read_source(hf.weights, trust_pickle=args.trust_pickle, ema=args.ema)
         if hf.weights == hf.config_dir:  # Trainer's checkpoint-N or a save_pretrained folder
@@ -140,13 +151,7 @@ def text_job(
     signature, wrapped = describe(Logits(model), example, dynamic)
     log_loading(src, unwrapped)
     labels = [str(model.config.id2label.get(i, i)) for i in range(model.config.num_labels)]
-    manifest = new_tensor_manifest(
-        hf.architecture,
-        signature,
-        {n: list(d) for n, d in dynamic.items()},
-        source_fields(hf.weights, src, unwrapped),
-        timings,
-    )
+    manifest = _manifest(hf, signature, dynamic, src, unwrapped, timings)
     manifest |= {
         "task": TASK_TEXT_CLASSIFICATION,
         "labels": labels,
@@ -188,13 +193,7 @@ def _token_ids_job(
     dynamic: dict[str, tuple[int, ...]] = {"input_ids": (1,), "attention_mask": (1,)}
     signature, wrapped = describe(Logits(model), example, dynamic)
     log_loading(src, unwrapped)
-    manifest = new_tensor_manifest(
-        hf.architecture,
-        signature,
-        {n: list(d) for n, d in dynamic.items()},
-        source_fields(hf.weights, src, unwrapped),
-        timings,
-    )
+    manifest = _manifest(hf, signature, dynamic, src, unwrapped, timings)
     tol = tolerance_of(args)
     return Job(
         manifest,
@@ -267,4 +266,4 @@ def _add_text_checks(
         manifest["status"] = "failed"
         status = EXIT_PARITY
     write_manifest(out, manifest)
-    return status if status != EXIT_OK else EXIT_OK
+    return status

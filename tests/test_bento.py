@@ -35,6 +35,20 @@ pytestmark = pytest.mark.xdist_group("bento")  # its module fixtures stay on one
 PROBES = {"/readyz", "/livez"}  # BentoML's own probes
 
 
+def build_bento(env: dict[str, str]) -> str:
+    """`bentoml build` from the checkout in `env` (its BENTOML_HOME); the Bento's tag."""
+    built = subprocess.run(
+        [str(Path(sys.executable).parent / "bentoml"), "build", "--output", "tag"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    return built.stdout.strip().splitlines()[-1].removeprefix("__tag__:")
+
+
 @pytest.fixture(scope="module")
 def bento(exported: Path, tmp_path_factory) -> dict:
     """A model exported into a fresh BentoML home, built into a Bento, and a virtualenv made only from the
@@ -52,16 +66,7 @@ def bento(exported: Path, tmp_path_factory) -> dict:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
-    built = subprocess.run(
-        [str(Path(sys.executable).parent / "bentoml"), "build", "--output", "tag"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    tag = built.stdout.strip().splitlines()[-1].removeprefix("__tag__:")
+    tag = build_bento(env)
     name, version = tag.split(":")
     path = work / "home" / "bentos" / name / version
     model_tag = done.stdout.strip().split("BentoML model ")[-1]
@@ -237,16 +242,7 @@ def test_a_bento_built_from_a_text_export_answers_a_text(bento, text_run, tmp_pa
     command = [sys.executable, "-m", "export", str(text_run / "checkpoint-30"), "--out", str(out), "--name"]
     done = subprocess.run([*command, "handoff-text"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    built = subprocess.run(
-        [str(Path(sys.executable).parent / "bentoml"), "build", "--output", "tag"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    tag = built.stdout.strip().splitlines()[-1].removeprefix("__tag__:")
+    tag = build_bento(env)
     path = bento["home"] / "bentos" / tag.replace(":", "/")
     requirements = (path / "env/python/requirements.txt").read_text()
     assert requirements == (bento["path"] / "env/python/requirements.txt").read_text(), "the same environment"

@@ -158,24 +158,17 @@ def test_predict_still_takes_token_ids(server, eager):
     assert set(answer.json()["outputs"]) == {"logits", "probabilities"}
 
 
+def export_state_dict(text_run: Path, config: Path, *more: str):
+    """`python -m export ddp_state.pt --hf-config CONFIG ...`: rank 0's DDP state_dict, with a config folder."""
+    return run([sys.executable, "-m", "export", str(text_run / "ddp_state.pt"), "--hf-config", str(config), *more])
+
+
 def test_a_ddp_state_dict_exports_with_hf_config(text_run: Path, tmp_path: Path):
     """rank 0's `torch.save(ddp_model.state_dict())` (`module.` keys), beside no config: --hf-config names the
     folder the model was built from; the weights are the checkpoint's, the tokenizer found there."""
     out = tmp_path / "from_state"
-    done = run(
-        [
-            sys.executable,
-            "-m",
-            "export",
-            str(text_run / "ddp_state.pt"),
-            "--hf-config",
-            str(text_run / "base"),
-            "--out",
-            str(out),
-            "--no-bento",
-            "--formats",
-            "onnx,safetensors",
-        ]
+    done = export_state_dict(
+        text_run, text_run / "base", "--out", str(out), "--no-bento", "--formats", "onnx,safetensors"
     )
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = read_manifest_unchecked(out)
@@ -192,7 +185,7 @@ def test_remote_code_is_refused_in_one_line(text_run: Path, tmp_path: Path):
     shutil.copytree(text_run / "base", remote)
     config = json.loads((remote / "config.json").read_text())
     (remote / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "mine.Config"}}))
-    refused = run([sys.executable, "-m", "export", str(text_run / "ddp_state.pt"), "--hf-config", str(remote)])
+    refused = export_state_dict(text_run, remote)
     assert refused.returncode == 2 and "--trust-remote-code" in refused.stderr
     assert not (text_run / "ddp_state.export").exists(), "nothing is written for a refused export"
 
@@ -202,21 +195,7 @@ def test_a_model_without_a_tokenizer_exports_as_a_model_of_token_ids(text_run: P
     bare.mkdir()
     shutil.copy(text_run / "base" / "config.json", bare)
     out = tmp_path / "ids.export"
-    done = run(
-        [
-            sys.executable,
-            "-m",
-            "export",
-            str(text_run / "ddp_state.pt"),
-            "--hf-config",
-            str(bare),
-            "--out",
-            str(out),
-            "--no-bento",
-            "--formats",
-            "onnx",
-        ]
-    )
+    done = export_state_dict(text_run, bare, "--out", str(out), "--no-bento", "--formats", "onnx")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "no tokenizer" in done.stderr and "--tokenizer" in done.stderr
     manifest = read_manifest_unchecked(out)
