@@ -1,5 +1,6 @@
 """The whole GPU path in one run: train with NCCL and resume, export with parity on CUDA (fp32 with TF32
-off, and fp16), serve on the CUDA provider, benchmark the service, try TensorRT.
+off, and fp16), serve on the CUDA provider, benchmark the service, try TensorRT; then any model (a user's text
+model) and a Hugging Face text classifier (scripts/gpu_text.py), each exported, served and checked on the device.
 
     bash scripts/gpu_check.sh [--out DIR] [--dry-run-cpu] [--arch resnet50]
 
@@ -33,6 +34,7 @@ from bench.serve_throughput import default_sides  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.ort_cuda import preload_cuda_libraries  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
+from scripts.gpu_text import text_on_device  # noqa: E402
 
 
 @dataclass
@@ -407,6 +409,13 @@ def main() -> int:
         report.run("TensorRT execution provider", lambda: tensorrt(args.out, fp32["folder"]))
     report.run(
         "any model (a text classifier) exported and served on the device", lambda: any_model_on_device(args.out, device)
+    )
+    text_seconds = args.bench_seconds or (2 if args.dry_run_cpu else 8)
+    text_rounds = args.bench_rounds or (1 if args.dry_run_cpu else 3)
+    text_sides = ["ours"] if args.dry_run_cpu else ["ours", "ours_oip", "peer_batched"]
+    report.run(
+        "a Hugging Face text classifier exported, served and measured on the device",
+        lambda: text_on_device(args.out, device, text_seconds, text_rounds, text_sides),
     )
     passed = all(s.ok for s in report.steps)
     print(f"gpu_check: {sum(s.ok for s in report.steps)}/{len(report.steps)} steps passed; {report.path}")

@@ -95,6 +95,10 @@ class SameShape:
         """Whether `more` may join a batch of `parts` (the batch size is checked besides)."""
         return True
 
+    def groups(self, parts: list[Rows]) -> list[list[int]]:
+        """How one batch's parts (by index) go to the model: here in one call."""
+        return [list(range(len(parts)))]
+
 
 class BatchShape(Protocol):
     def key(self, rows: Rows) -> tuple: ...
@@ -102,6 +106,8 @@ class BatchShape(Protocol):
     def join(self, parts: list[Rows]) -> Rows: ...
 
     def fits(self, parts: list[Rows], more: Rows) -> bool: ...
+
+    def groups(self, parts: list[Rows]) -> list[list[int]]: ...
 
 
 def _each(rows: Rows, change: Callable[[np.ndarray], np.ndarray]) -> Rows:
@@ -306,9 +312,14 @@ class ModelBatcher:
         return answers
 
     def _call(self, parts: list[Rows]) -> list[Rows]:
-        rows = sum(_size(part) for part in parts)
-        outputs = _each(self.model(self._padded(self.shape.join(parts))), lambda a: a[:rows])
-        return _split(outputs, [_size(part) for part in parts])
+        """Each caller's share of the outputs, the batch run in the calls its shape groups it into."""
+        answers: dict[int, Rows] = {}
+        for group in self.shape.groups(parts):
+            members = [parts[i] for i in group]
+            rows = sum(_size(part) for part in members)
+            outputs = _each(self.model(self._padded(self.shape.join(members))), lambda a, rows=rows: a[:rows])
+            answers.update(zip(group, _split(outputs, [_size(part) for part in members]), strict=True))
+        return [answers[i] for i in range(len(parts))]
 
     def _apart(self, parts: list[Rows]) -> list[Rows | Exception]:
         """Two or more parts of a batch that failed, run in halves until each failing part has failed alone."""

@@ -21,6 +21,8 @@ import orjson
 from export.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
 from serve.oip import TEXT_INPUT
 
+PADDED_SHARE = 0.25  # a call's padding at most a quarter of its real tokens
+
 
 class BadText(ValueError):
     """A text the service cannot take, with the status to answer."""
@@ -50,6 +52,25 @@ class PaddedSequences:
         rows = sum(p[MASK].shape[0] for p in parts) + more[MASK].shape[0]
         longest = max(more[MASK].shape[1], *(p[MASK].shape[1] for p in parts))
         return rows * longest <= self.max_tokens
+
+    def groups(self, parts: list[Any]) -> list[list[int]]:
+        """The batch sorted by length and cut where padding would pass PADDED_SHARE of a call's tokens: a 10-token
+        text padded to 80 costs the model what an 80-token one does (attention more), so mixed lengths in one call
+        cost up to twice their tokens (bench/text_serving.py: 0.49 x the limit at c=64 in one call, see
+        docs/text.md)."""
+        order = sorted(range(len(parts)), key=lambda i: parts[i][MASK].shape[1])
+        groups: list[list[int]] = []
+        tokens = rows = 0
+        for i in order:
+            part_rows, length = parts[i][MASK].shape
+            real = int(parts[i][MASK].sum())
+            if not groups or (rows + part_rows) * length > (1 + PADDED_SHARE) * (tokens + real):
+                groups.append([])
+                tokens = rows = 0
+            groups[-1].append(i)
+            tokens += real
+            rows += part_rows
+        return groups
 
 
 def texts_of_body(body: bytes, content_type: str, max_chars: int) -> tuple[str, dict[str, Any]]:

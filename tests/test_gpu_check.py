@@ -18,6 +18,7 @@ STEPS = [
     "workers per device",
     "TensorRT execution provider",
     "any model (a text classifier) exported and served on the device",
+    "a Hugging Face text classifier exported, served and measured on the device",
 ]
 
 
@@ -57,4 +58,7 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     assert trt["loaded"] is False and ("TensorRT" in trt["why"] or "fell back" in trt["why"]), trt
     any_model = steps["any model (a text classifier) exported and served on the device"]
     assert any_model["provider"] == "CPUExecutionProvider" and any_model["max_abs_difference"] <= 1e-3
+    hf = steps["a Hugging Face text classifier exported, served and measured on the device"]
+    assert hf["parity"] == {"model.onnx": True} and hf["max_abs_difference"] <= 1e-3
+    assert set(hf["ours"]) == {"1", "64"} and all(r["errors"] == 0 for r in hf["ours"].values())
     assert (out / "gpu_check.log").read_text().count("===") == 2 * len(STEPS)

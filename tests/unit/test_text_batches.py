@@ -36,20 +36,35 @@ def test_a_batch_holds_at_most_the_token_bound():
     assert not shape.fits([tokens(1, 2, 3), tokens(1)], tokens(*range(5)))  # 3 x 5 = 15 > 12
 
 
-def test_the_batcher_pads_texts_of_different_lengths_into_one_batch_and_splits_the_answers():
+def lengths_batched(*lengths: int) -> tuple[list[float], list[tuple[int, int]]]:
+    """Requests of these lengths sent at once: each one's answer (its own length, as the model counts it from the
+    mask) and the shape of every model call."""
     seen = []
 
     def model(rows):
         seen.append(rows["input_ids"].shape)
         return {"logits": rows["attention_mask"].sum(1, keepdims=True).astype(np.float32)}
 
-    async def three_at_once():
+    async def at_once():
         batcher = ModelBatcher(model, 8, 10_000, shape=PaddedSequences(SETTINGS))
-        return await asyncio.gather(*(batcher(tokens(*range(1, n + 1))) for n in (1, 4, 2)))
+        return await asyncio.gather(*(batcher(tokens(*range(1, n + 1))) for n in lengths))
 
-    answers = asyncio.run(three_at_once())
-    assert [a["logits"].tolist() for a in answers] == [[[1.0]], [[4.0]], [[2.0]]], "each row's own length"
-    assert seen == [(3, 4)], "three lengths, one batch padded to the longest"
+    answers = asyncio.run(at_once())
+    return [a["logits"].item() for a in answers], seen
+
+
+def test_the_batcher_pads_texts_of_near_lengths_into_one_call_and_splits_the_answers():
+    answers, calls = lengths_batched(7, 8, 6)
+    assert answers == [7.0, 8.0, 6.0], "each row's own length"
+    assert calls == [(3, 8)], "three near lengths, one call padded to the longest"
+
+
+def test_a_batch_of_far_apart_lengths_runs_as_calls_of_like_lengths():
+    answers, calls = lengths_batched(1, 8, 2, 7)
+    assert answers == [1.0, 8.0, 2.0, 7.0], "answers in the callers' order"
+    # padded to 8, the 1- and 2-token texts would make the call's tokens 32 for 18 real ones
+    assert calls == [(1, 1), (1, 2), (2, 8)]
+    assert PaddedSequences(SETTINGS).groups([tokens(*range(n)) for n in (5, 1, 6)]) == [[1], [0, 2]]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,313 @@
+"""Served text classification against the in-process limit and a plain BentoML peer, side by side.
+
+    python bench/text_serving.py [--device cpu|cuda] [--seconds 8] [--rounds 3] [--client wrk|httpx]
+
+Model: a DistilBERT sequence classifier built from a config (dim 256, 4 layers, 4 heads, 2 labels, random
+weights; at most 128 tokens) with a WordPiece tokenizer trained here on the Zen of Python, saved with
+`save_pretrained` and exported by `python -m export FOLDER` (no flags) or --export DIR.
+Texts: 32 sentences cut from the Zen of Python, 8, 16, 32 and 64 words long in turn (about 10 to 80 tokens),
+one text per request.
+Sides, each given the whole machine in turn:
+- limit: no HTTP: the exported tokenizer (export/tokenizer_spec.py, as the service uses it) and the ONNX Runtime
+  session with the service's settings, on full batches of the same texts (each batch padded to its longest);
+  the fastest of batch sizes 1, 8 and 32, timed again for --seconds;
+- ours: `bentoml serve` with serve/service.py, `POST /classify` with `{"text": "..."}`;
+- ours_oip: the same service through the Open Inference Protocol's binary infer, each text a BYTES `text` [1];
+- peer_batched: bench/peer/text_batched.py, what BentoML's adaptive-batching guide leads to, with the same
+  tokenizer and session.
+Goal (issue 43): ours at c=64 at least 0.8 x the limit and ahead of the peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import contextlib
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.checks import assert_provider  # noqa: E402
+from bench.load import Upload, load_levels, wrk_available  # noqa: E402
+from bench.results import median_of_rounds, side_order, write_result  # noqa: E402
+from bench.serve_throughput import served_provider  # noqa: E402
+from export.manifest import read_manifest_unchecked  # noqa: E402
+from export.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
+from harness.server import BentoServer  # noqa: E402
+from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+from serve.text import PaddedSequences  # noqa: E402
+
+CONCURRENCY = (1, 64)
+SIDES = ("ours", "ours_oip", "peer_batched")
+BATCH_SIZES = (1, 8, 32)
+WORDS_PER_TEXT = (8, 16, 32, 64)
+GOAL = "ours >= 0.8 x limit at c=64 and ahead of peer_batched"
+
+
+def zen_words() -> list[str]:
+    """The Zen of Python's words (its text is rot13 in `this.s`; importing it prints it, hence the redirect)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        import this
+    return codecs.decode(this.s, "rot13").split()
+
+
+def make_texts(count: int = 32) -> list[str]:
+    words = zen_words()
+    texts = []
+    for i in range(count):
+        length = WORDS_PER_TEXT[i % len(WORDS_PER_TEXT)]
+        start = (i * 7) % len(words)
+        texts.append(" ".join((words * 2)[start : start + length]))
+    return texts
+
+
+def make_model(folder: Path, *export_flags: str) -> Path:
+    """A save_pretrained folder (config, weights, tokenizer) exported with no flags (or `export_flags`), as a user
+    would; the folder's name is `distilbert`, its export's `distilbert.export`."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    torch.manual_seed(0)
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    backend.train_from_iterator(zen_words(), trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
+    cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=128,
+    )
+    config = transformers.DistilBertConfig(
+        vocab_size=len(tokenizer),
+        dim=256,
+        n_layers=4,
+        n_heads=4,
+        hidden_dim=1024,
+        max_position_embeddings=128,
+        num_labels=2,
+        id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1},
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    trained = folder / "distilbert"
+    transformers.AutoModelForSequenceClassification.from_config(config).save_pretrained(trained)
+    tokenizer.save_pretrained(trained)
+    out = folder / "distilbert.export"
+    command = [sys.executable, "-m", "export", str(trained), "--formats", "onnx", "--out", str(out), "--no-bento"]
+    done = subprocess.run([*command, *export_flags], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"python -m export {trained} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    return out
+
+
+class InProcessText:
+    """The export's tokenizer and ONNX session, loaded the way the service loads them."""
+
+    def __init__(self, folder: Path, device: str) -> None:
+        import onnxruntime as ort
+
+        settings = TokenizerSettings.from_manifest(read_manifest_unchecked(folder)["tokenizer"])
+        self.tokenizer = TextTokenizer((folder / settings.file).read_bytes(), settings)
+        self.shape = PaddedSequences(settings)
+        self.session = ort.InferenceSession(
+            str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device)
+        )
+        assert_provider("limit", self.session.get_providers(), device)
+
+    def run(self, batches: list[list[str]]) -> None:
+        for batch in batches:
+            self.session.run(["logits"], self.tokenizer.encode(batch).rows)
+
+    def run_grouped(self, batches: list[list[str]]) -> None:
+        """Each batch as the service runs it: every text tokenized alone, the batch cut into calls of like lengths
+        (serve/text.PaddedSequences.groups)."""
+        for batch in batches:
+            parts = [self.tokenizer.encode([text]).rows for text in batch]
+            for group in self.shape.groups(parts):
+                self.session.run(["logits"], self.shape.join([parts[i] for i in group]))
+
+
+def _rate(run: Callable[[list[list[str]]], None], texts: list[str], size: int, count: int) -> dict[str, float]:
+    batches = [[texts[(i * size + j) % len(texts)] for j in range(size)] for i in range(max(1, count // size))]
+    run(batches[:1])  # warm this batch size
+    wall, cpu = time.perf_counter(), time.process_time()
+    run(batches)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    done = sum(len(b) for b in batches)
+    return {"images_per_s": done / wall, "cpu_ms_per_image": 1000 * cpu / done}
+
+
+def limit_round(model: InProcessText, texts: list[str], seconds: float) -> dict[str, Any]:
+    """The sweep (96 texts each: batches of 1, 8 and 32 as they come, and of 32 cut into like lengths as the
+    service cuts them), the fastest timed again for `seconds`, and one text alone."""
+    arrangements = {f"batch {size}": (model.run, size) for size in BATCH_SIZES}
+    arrangements["batch 32 by length"] = (model.run_grouped, 32)
+    swept = {name: _rate(run, texts, size, 96) for name, (run, size) in arrangements.items()}
+    best = max(swept, key=lambda name: swept[name]["images_per_s"])
+    run, size = arrangements[best]
+    limit = _rate(run, texts, size, int(swept[best]["images_per_s"] * seconds))
+    single = []
+    for i in range(30):
+        started = time.perf_counter()
+        model.run([[texts[i % len(texts)]]])
+        single.append(time.perf_counter() - started)
+    return {
+        **limit,
+        "best": best,
+        "swept": {name: round(r["images_per_s"], 1) for name, r in swept.items()},
+        "single_image_ms": 1000 * statistics.median(single),
+    }
+
+
+def requests_for(name: str, texts: list[str]) -> list[Upload]:
+    if name == "ours":
+        return [
+            Upload("/classify", {"Content-Type": "application/json"}, json.dumps({"text": t}).encode()) for t in texts
+        ]
+    if name == "peer_batched":
+        return [
+            Upload("/classify", {"Content-Type": "application/json"}, json.dumps({"texts": [t]}).encode())
+            for t in texts
+        ]
+    uploads = []
+    for text in texts:  # the protocol's binary infer, as tritonclient sends a BYTES [1] input
+        data = text.encode()
+        binary = len(data).to_bytes(4, "little") + data
+        header = json.dumps(
+            {
+                "inputs": [
+                    {"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(binary)}}
+                ]
+            }
+        ).encode()
+        uploads.append(
+            Upload("/v2/models/handoff/infer", {"Inference-Header-Content-Length": str(len(header))}, header + binary)
+        )
+    return uploads
+
+
+def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
+    if name == "peer_batched":
+        return BentoServer(
+            log,
+            target="text_batched:TextBatchedPeer",
+            cwd=ROOT / "bench" / "peer",
+            PEER_MODEL_DIR=str(folder),
+            PEER_DEVICE=device,
+        )
+    return BentoServer(log, target=None, cwd=ROOT, bentoml=None, HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device)
+
+
+def measure(name: str, folder: Path, device: str, log: Path, texts: list[str], args: Any) -> dict[str, Any]:
+    with start(name, folder, device, log) as server:
+        result: dict[str, Any] = {"ready_s": server.wait_ready()}
+        assert_provider(name, [served_provider("ours" if name.startswith("ours") else name, server)], device)
+        result.update(
+            load_levels(args.client, server.url, server.proc.pid, requests_for(name, texts), CONCURRENCY, args.seconds)
+        )
+        return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--seconds", type=float, default=8.0, help="load per concurrency level, side and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
+    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    p.add_argument("--export", type=Path, help="serve this text export instead of a fresh DistilBERT (default)")
+    p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="text-bench-"))
+    folder = args.export.resolve() if args.export else make_model(work)
+    texts = make_texts()
+    model = InProcessText(folder, args.device)
+    rounds: list[dict[str, Any]] = []
+    for round_ in range(args.rounds):
+        this_round = {"limit": limit_round(model, texts, args.seconds)}
+        for name in side_order(args.sides, round_):
+            this_round[name] = measure(name, folder, args.device, work / f"{name}{round_}.log", texts, args)
+        rounds.append(this_round)
+        print(
+            f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.1f} texts/s, "
+            + ", ".join(f"{n} c=64 {this_round[n]['64']['images_per_s']:.1f}" for n in args.sides)
+        )
+    median = median_of_rounds(rounds)
+    limit = median["limit"]
+    print(
+        f"limit (in-process, median of {args.rounds} rounds): {limit['images_per_s']:.1f} texts/s; "
+        f"one text alone {limit['single_image_ms']:.1f} ms; "
+        f"best per round: {', '.join(r['limit']['best'] for r in rounds)}"
+    )
+    ratios: dict[str, float] = {}
+    for c in map(str, CONCURRENCY):
+        for name in args.sides:
+            r = median[name][c]
+            print(
+                f"{name:<12} c={c:<3} {r['images_per_s']:6.1f} texts/s  p50 {r['p50_ms']:6.1f} ms  "
+                f"p99 {r['p99_ms']:6.1f} ms  server CPU {r['server_cpu_ms_per_image']:5.1f} ms/text  "
+                f"errors {r['errors']:.0f}"
+            )
+            ratios[f"{name}_over_limit_c{c}"] = r["images_per_s"] / limit["images_per_s"]
+        for ours in (n for n in ("ours", "ours_oip") if n in args.sides):
+            if "peer_batched" in args.sides:
+                ratios[f"{ours}_over_peer_batched_c{c}"] = (
+                    median[ours][c]["images_per_s"] / median["peer_batched"][c]["images_per_s"]
+                )
+    by_round = {
+        name: [r[name]["64"]["images_per_s"] / r["limit"]["images_per_s"] for r in rounds] for name in args.sides
+    }
+    figures = {"client": args.client, "texts": f"{len(texts)} texts of {', '.join(map(str, WORDS_PER_TEXT))} words"}
+    for name, values in by_round.items():
+        figures[f"{name} c=64 / the same round's limit, round by round"] = " ".join(f"{v:.2f}" for v in values)
+    for key, value in ratios.items():
+        print(f"  {key:<34} {value:5.2f} x")
+    goal = None
+    if "ours" in args.sides and "peer_batched" in args.sides:
+        goal = ratios["ours_over_limit_c64"] >= 0.8 and ratios["ours_over_peer_batched_c64"] > 1
+    print(f"goal: {GOAL}: {'n/a' if goal is None else 'met' if goal else 'NOT met'}")
+    seconds = {"limit_one_text": limit["single_image_ms"] / 1000}
+    for name in args.sides:
+        seconds[f"{name}_p50_c1"] = median[name]["1"]["p50_ms"] / 1000
+    write_result(
+        f"text_serving_{args.device}",
+        folder=args.results_dir,
+        figures={
+            "device": args.device,
+            "rounds": args.rounds,
+            "limit": limit,
+            "services": {name: median[name] for name in args.sides},
+            "per_round": rounds,
+            "ratios": ratios,
+            "seconds": seconds,
+            "figures": figures,
+            "goal": GOAL,
+            "goal_met": goal,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
