@@ -96,7 +96,8 @@ def make_model(folder: Path, *export_flags: str) -> Path:
         mask_token="[MASK]",
         model_max_length=128,
     )
-    config = transformers.DistilBertConfig(
+    # num_labels, id2label and label2id are PretrainedConfig's keyword arguments, which its stubs do not declare
+    config = transformers.DistilBertConfig(  # type: ignore[call-arg]
         vocab_size=len(tokenizer),
         dim=256,
         n_layers=4,

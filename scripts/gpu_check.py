@@ -29,12 +29,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from gpu_text import text_on_device  # noqa: E402  (beside this script)
+
 from bench.load import uploads  # noqa: E402
 from bench.serve_throughput import default_sides  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.ort_cuda import preload_cuda_libraries  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
-from scripts.gpu_text import text_on_device  # noqa: E402
 
 
 @dataclass

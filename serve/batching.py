@@ -316,10 +316,15 @@ class ModelBatcher:
         answers: dict[int, Rows] = {}
         for group in self.shape.groups(parts):
             members = [parts[i] for i in group]
-            rows = sum(_size(part) for part in members)
-            outputs = _each(self.model(self._padded(self.shape.join(members))), lambda a, rows=rows: a[:rows])
+            outputs = self._unpadded(self.model(self._padded(self.shape.join(members))), members)
             answers.update(zip(group, _split(outputs, [_size(part) for part in members]), strict=True))
         return [answers[i] for i in range(len(parts))]
+
+    @staticmethod
+    def _unpadded(outputs: Rows, parts: list[Rows]) -> Rows:
+        """The outputs of `parts`' rows, the padding rows (pad_to) dropped."""
+        rows = sum(_size(part) for part in parts)
+        return _each(outputs, lambda a: a[:rows])
 
     def _apart(self, parts: list[Rows]) -> list[Rows | Exception]:
         """Two or more parts of a batch that failed, run in halves until each failing part has failed alone."""
