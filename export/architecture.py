@@ -70,7 +70,7 @@ def resolve_arch(src: Source, arch_flag: str | None) -> str:
     if arch is None:
         raise ValueError(
             f"{src.path}: the checkpoint ({src.kind}) does not name its architecture; "
-            "pass --arch NAME (a torchvision classifier, or timm/NAME) or --model module:factory"
+            "pass --arch NAME (a torchvision classifier or detector, or timm/NAME) or --model module:factory"
         )
     check_arch(arch)
     return arch

@@ -20,12 +20,13 @@ from export.architecture import load_weights, resolve_model
 from export.classifier_export import EXIT_OK, CheckOptions, tolerance_of, write_and_check
 from export.cli import CheckedOptions, bad_input
 from export.compare import choose_checkpoint
+from export.detection_export import detection_job, is_detector
 from export.exporters import check_eval_mode
 from export.hf_checkpoint import find_hf_checkpoint
 from export.job import Job, log_loading, source_fields
 from export.manifest import ONNX_INT8, is_export_folder, new_manifest
 from export.out_folder import check_out, passed, replace_folder
-from export.sources import read_source
+from export.sources import Source, read_source
 from export.steps import timed
 from export.tensor_export import tensor_job
 from export.unwrap import LoadMismatch
@@ -45,13 +46,13 @@ def _device(choice: str) -> torch.device:
 def classifier_job(
     args: argparse.Namespace,
     checkpoint: Path,
+    src: Source,
     checked: CheckedOptions,
     device: torch.device,
     timings: dict[str, float],
 ) -> Job:
     labels = checked.labels
     with timed(timings, "load"):
-        src = read_source(checkpoint, trust_pickle=args.trust_pickle, ema=args.ema)
         spec = resolve_model(src, args.arch, args.model, args.image_size, labels)
         if src.module is None or args.arch or args.model:
             load_weights(spec, src, arch_is_a_name=not args.model)
@@ -86,7 +87,13 @@ def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
 
         job = text_job(args, hf, checked.formats, device, timings)
     else:
-        job = classifier_job(args, checkpoint, checked, device, timings)
+        with timed(timings, "read"):
+            src = read_source(checkpoint, trust_pickle=args.trust_pickle, ema=args.ema)
+        arch = args.arch or (None if args.model else src.arch)
+        if is_detector(arch):
+            job = detection_job(args, checkpoint, src, str(arch), device, timings, checked.labels)
+        else:
+            job = classifier_job(args, checkpoint, src, checked, device, timings)
     manifest = job.manifest
     out = args.out or checkpoint.parent / f"{checkpoint.stem}.export"
     check_out(out, checkpoint)

@@ -66,8 +66,9 @@ CLASSIFIER_ONLY = {
 }
 
 
-def refuse_classifier_flags(args: argparse.Namespace, what: str) -> None:
-    given = [flag for attr, flag in CLASSIFIER_ONLY.items() if getattr(args, attr)]
+def refuse_classifier_flags(args: argparse.Namespace, what: str, allowed: tuple[str, ...] = ()) -> None:
+    """One line naming the classifier-only flags given that `what` cannot take (`allowed`: those it can)."""
+    given = [flag for attr, flag in CLASSIFIER_ONLY.items() if attr not in allowed and getattr(args, attr)]
     if given:
         raise ValueError(f"{', '.join(given)}: for image classifiers; {what} takes none")
 

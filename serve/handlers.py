@@ -62,6 +62,16 @@ async def _classify_answer(image: bytes, params: dict[str, list[str]]) -> dict[s
     return await get_current_service().classify_upload(image, int(values[0]))
 
 
+async def _detect_answer(image: bytes, params: dict[str, list[str]]) -> dict[str, Any]:
+    _only_params(params, set())
+    return await get_current_service().detect_upload(image)
+
+
+async def detect(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
+    """POST /detect: a detector's detections for an image, the multipart form (field `image`) or the image itself."""
+    await _answer(scope, send, _detect_answer(body, params))
+
+
 TEXT_TYPES = ("application/json", "text/plain")  # a text classifier's /classify bodies
 
 

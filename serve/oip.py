@@ -23,7 +23,7 @@ from bentoml.exceptions import BentoMLException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from export.signature import TASK_IMAGE_CLASSIFICATION, TASK_TEXT_CLASSIFICATION, Signature
+from export.signature import TASK_IMAGE_CLASSIFICATION, TASK_OBJECT_DETECTION, TASK_TEXT_CLASSIFICATION, Signature
 from serve.front_door import Scope, Send
 from serve.handlers import send_client_error
 from serve.oip_codec import (
@@ -83,6 +83,14 @@ def served_tensors(task: str, signature: Signature) -> tuple[list[ServedTensor],
     elif task == TASK_TEXT_CLASSIFICATION:  # texts in (tokenized by the service), the logits' softmax beside them
         inputs = [ServedTensor(TEXT_INPUT, "BYTES", (-1,))]
         outputs = [*outputs, ServedTensor("probabilities", "FP32", outputs[0].shape)]
+    elif task == TASK_OBJECT_DETECTION:  # encoded images in, Triton's detection layout out (serve/detection.py)
+        inputs = [ServedTensor(IMAGE_INPUT, "BYTES", (-1, 1))]
+        outputs = [
+            ServedTensor("num_detections", "INT32", (-1,)),
+            ServedTensor("detection_boxes", "FP32", (-1, -1, 4)),
+            ServedTensor("detection_scores", "FP32", (-1, -1)),
+            ServedTensor("detection_classes", "INT64", (-1, -1)),
+        ]
     return inputs, outputs
 
 

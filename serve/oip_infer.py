@@ -3,6 +3,7 @@
 - an image classifier takes `input` (FP32 rows, already preprocessed) or `image` (BYTES: encoded files,
   decoded and preprocessed as /classify does) and gives `logits` and `probabilities`;
 - a text classifier takes `text` (BYTES: UTF-8 texts, tokenized as /classify tokenizes them) and gives the same;
+- a detector takes `image` (BYTES, decoded as /detect does) and gives Triton's detection layout (serve/detection.py);
 - any other model takes and gives what its signature names (serve/tensor_inputs.py checks the request).
 
 Both go through the service's one batcher (`service.batched`).
@@ -10,6 +11,7 @@ Both go through the service's one batcher (`service.batched`).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ from serve.oip import IMAGE_INPUT, TEXT_INPUT, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
 from serve.tensor_inputs import check_answer_size, check_rows, model_inputs
 from serve.text import BadText
+from train.pil_transform import BadImage
 
 
 def _numeric(request: InferRequest, names: list[str]) -> dict[str, np.ndarray]:
@@ -50,6 +53,39 @@ async def classifier_infer(service: Any, request: InferRequest, max_rows: int) -
         batch = rows.astype(np.float32, copy=False)
     outputs = await service.batched(batch)
     return select_outputs(request, {name: outputs[name] for name in ("logits", "probabilities")}, service.classes)
+
+
+def _files(request: InferRequest, max_rows: int) -> list[bytes]:
+    """The request's one input, `image`: BYTES [N] or [N, 1] of encoded files, at most `max_rows`."""
+    if IMAGE_INPUT not in request.inputs or len(request.inputs) != 1:
+        raise ProtocolError(
+            f"send one input, 'image' (BYTES [N]: encoded images); got {', '.join(sorted(request.inputs))}"
+        )
+    files = request.inputs[IMAGE_INPUT]
+    if len(files.shape) not in (1, 2) or files.shape[1:] not in ((), (1,)) or files.datatype != "BYTES":
+        raise ProtocolError(f"input 'image' must be BYTES of shape [N] or [N, 1], got {list(files.shape)}")
+    check_rows(len(files.value), max_rows)
+    return list(files.value)
+
+
+async def detection_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:
+    """Each image queued for the model as soon as it is decoded (so the images share batches, and each one's
+    pixels are let go when it has run); a bad image fails the request and cancels the others."""
+    detector = service.detector
+    running: list[asyncio.Future[Any]] = []
+    try:
+        for index, data in enumerate(_files(request, max_rows)):
+            try:
+                rows = await service.decoders.run(detector.prepare, data)
+            except BadImage as err:
+                raise ProtocolError(f"image[{index}]: {err}", status=err.status) from None
+            running.append(asyncio.ensure_future(service.batched(rows)))
+        answers = list(await asyncio.gather(*running))
+    except BaseException:
+        for future in running:
+            future.cancel()
+        raise
+    return select_outputs(request, detector.protocol_outputs(answers), None)
 
 
 async def text_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:

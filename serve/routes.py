@@ -14,13 +14,14 @@ from starlette.responses import FileResponse, JSONResponse
 
 from serve.endpoint import APP, BENTOML, FRONT_DOOR, Endpoint, openapi_document
 from serve.front_door import MULTIPART, BodyRoute
-from serve.handlers import TEXT_TYPES, classify, predict_tensor
+from serve.handlers import TEXT_TYPES, classify, detect, predict_tensor
 from serve.oip import ProtocolSurface
 from serve.page import PAGE, PAGE_HEADERS
 from serve.request_metrics import metrics_page
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif")
 CLASSIFY_FIELDS = {"image": "file", "top_k": "integer"}  # the multipart form's fields, checked by the front door
+DETECT_FIELDS = {"image": "file"}
 TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}
 BINARY = {"type": "string", "format": "binary"}
 TEXT_BODY = {
@@ -89,6 +90,19 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
                 "text/plain": {"schema": {"type": "string"}},
             },
             query=({"name": "top_k", "in": "query", "required": False, "schema": TOP_K},),
+            errors=(400, 404, 408, 413, 415, 429, 503),
+        ),
+        Endpoint(
+            "POST",
+            "/detect",
+            "a detector's detections, best first, boxes in the image's pixels: an image (a multipart form with "
+            "`image`, or the image as the body)",
+            FRONT_DOOR,
+            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), detect, DETECT_FIELDS),
+            request={
+                MULTIPART: {"schema": {"type": "object", "properties": {"image": BINARY}, "required": ["image"]}},
+                **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES},
+            },
             errors=(400, 404, 408, 413, 415, 429, 503),
         ),
         Endpoint(

@@ -31,6 +31,7 @@ from starlette.applications import Starlette
 from export.manifest import ManifestError, fast_decode_passed, read_artifact, read_manifest
 from export.signature import (
     TASK_IMAGE_CLASSIFICATION,
+    TASK_OBJECT_DETECTION,
     TASK_TENSORS,
     TASK_TEXT_CLASSIFICATION,
     read_signature,
@@ -39,10 +40,11 @@ from export.signature import (
 from serve import patches
 from serve.access_log import AccessLine, write_access_log_off_the_loop
 from serve.auth import ApiKeyGate
-from serve.batching import ModelBatcher, ModelFailed, Rows
+from serve.batching import BatchShape, ModelBatcher, ModelFailed, Rows
 from serve.config import ServeConfig
 from serve.connections import ConnectionLimits
 from serve.decode_pool import DecodePool
+from serve.detection import Detector
 from serve.endpoint import app_routes, body_routes, known_paths, open_paths
 from serve.front_door import FrontDoor
 from serve.handlers import RequestError
@@ -51,7 +53,7 @@ from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
 from serve.logs import install_log_filters
 from serve.oip import ProtocolSurface
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
-from serve.oip_infer import classifier_infer, tensor_infer, text_infer
+from serve.oip_infer import classifier_infer, detection_infer, tensor_infer, text_infer
 from serve.request_metrics import RequestMetrics
 from serve.routes import endpoints
 from serve.runtime import RuntimeUnavailable, best_first, load_runtime, softmax
@@ -143,6 +145,7 @@ class HandoffClassifier:
         self.task, self.signature = read_task(self.manifest), read_signature(self.manifest)
         self.classes: list[str] | None = None
         self.text: TextModel | None = None
+        self.detector = Detector(self.manifest, CONFIG.max_pixels) if self.task == TASK_OBJECT_DETECTION else None
         if self.task == TASK_TEXT_CLASSIFICATION:  # its tokenizer, from the bytes the manifest vouches for
             tokenizer = read_artifact(self.folder, self.manifest, self.manifest["tokenizer"]["file"])
             self.text = TextModel(tokenizer, self.manifest, CONFIG.max_text_chars, CONFIG.max_batch_tokens)
@@ -156,8 +159,9 @@ class HandoffClassifier:
             self.runtime(np.zeros((size, *self.input_shape), dtype=np.float32))
 
     def padded_batch_sizes(self) -> list[int] | None:
-        """On a GPU, batches run only at the sizes warmed up in _load (see serve/batching.py for why)."""
-        return CONFIG.batch_buckets() if self.runtime.device == "cuda" else None
+        """On a GPU, batches run only at the sizes warmed up in _load (see serve/batching.py for why); a detector's
+        images run one per call, never padded."""
+        return CONFIG.batch_buckets() if self.runtime.device == "cuda" and self.detector is None else None
 
     @property
     def not_ready(self) -> str | None:
@@ -192,7 +196,7 @@ class HandoffClassifier:
                 CONFIG.max_latency_ms,
                 self.padded_batch_sizes(),
                 self.decoders,
-                self.text.batch_shape if self.text else None,  # texts of any length share a batch, padded
+                self._batch_shape(),
             )
         try:
             return await self.batcher(rows)
@@ -204,6 +208,12 @@ class HandoffClassifier:
             raise RequestError(
                 f"the model could not run on these inputs ({self._input_names()}): {failed.first_line()}"
             ) from None
+
+    def _batch_shape(self) -> BatchShape | None:
+        """Texts of any length share a batch, padded (serve/text.py); a detector's images of any size, each run
+        alone (serve/detection.py); else requests of one shape (serve/batching.py's default)."""
+        task_model = self.text or self.detector
+        return None if task_model is None else task_model.batch_shape
 
     def _classify_batch(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         """In the model thread, once per batch: the softmax and the ranking as well as the logits. NumPy's sorts
@@ -243,6 +253,8 @@ class HandoffClassifier:
         self._require_ready()
         if self.text is not None:
             raise RequestError('this model classifies text: send {"text": "..."} (application/json) or text/plain', 415)
+        if self.detector is not None:
+            raise RequestError("/classify is for classifiers; this model is a detector: POST /detect", status=404)
         if self.classes is None:
             raise RequestError(
                 f"/classify is for image classifiers; this model takes {self._input_names()}: POST /predict "
@@ -271,6 +283,17 @@ class HandoffClassifier:
         outputs = await self.batched(encoded.rows)
         return {"predictions": self._predictions(outputs, self.text.labels, top_k), "truncated": encoded.truncated[0]}
 
+    async def detect_upload(self, upload: bytes) -> dict[str, Any]:
+        """The /detect answer for one image: the multipart form's file, or a raw body's bytes."""
+        self._require_ready()
+        if self.detector is None:
+            raise RequestError(f"/detect is for detectors; this model's task is {self.task}: see GET /info", 404)
+        try:
+            rows = await self.decoders.run(self.detector.prepare, upload)
+        except BadImage as err:
+            raise RequestError(str(err), status=err.status) from None
+        return self.detector.answer(await self.batched(rows))
+
     def _prepare(self, upload: bytes) -> np.ndarray:
         try:
             return self.preprocessor(self.preprocessor.decode(upload, fast=self.fast_decode))
@@ -284,6 +307,8 @@ class HandoffClassifier:
         if self.task == TASK_IMAGE_CLASSIFICATION:
             batch = await self.decoders.run(self._parse_predict, body)
             return await self.predict_rows(batch)
+        if self.detector is not None:
+            raise RequestError("/predict takes tensors; this model is a detector: POST /detect an image", status=404)
         inputs = await self.decoders.run(self._parse_inputs, body)
         outputs = {name: a for name, a in (await self.batched(inputs)).items() if name != "order"}
         try:
@@ -327,6 +352,8 @@ class HandoffClassifier:
             return await classifier_infer(self, request, CONFIG.max_batch_size)
         if self.task == TASK_TEXT_CLASSIFICATION:
             return await text_infer(self, request, CONFIG.max_batch_size)
+        if self.task == TASK_OBJECT_DETECTION:
+            return await detection_infer(self, request, CONFIG.max_batch_size)
         return await tensor_infer(self, request, CONFIG.max_batch_size, CONFIG.max_answer_numbers)
 
     def prepare_files(self, files: list[bytes]) -> np.ndarray:

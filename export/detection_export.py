@@ -1,0 +1,285 @@
+"""Export a torchvision detector (Faster R-CNN, RetinaNet, FCOS, SSD, SSDlite, Mask R-CNN's boxes): its checkpoint
+in, one ONNX graph that takes an image and gives its detections, proven against the eager model on real photos.
+
+The graph holds the whole model as torchvision runs it: the transform (resize to the model's min_size/max_size,
+normalize), the network, and the postprocessing with its NMS, score threshold and detections per image, boxes
+mapped back to the image's own pixels. It takes one image, `image` 1 x 3 x H x W (RGB, floats in 0..1, any H and
+W), and gives `boxes` 1 x D x 4, `scores` 1 x D and `labels` 1 x D for the D detections it kept. One image per
+call because torchvision's detectors size and postprocess each image on its own (a batch is a list of images of
+their own sizes); the service runs a batch's images one after another in its model thread.
+
+ONNX is written by the TorchScript-based exporter (`dynamo=False`), the path torchvision's own ONNX tests take
+for detection; torch.export specialises the resize's data-dependent sizes. TorchScript and torch.export files are
+skipped with that reason. Parity: export/detection_parity.py on the scikit-learn photos at several sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from export.classifier_export import EXIT_OK, EXIT_PARITY
+from export.detection_parity import (
+    BOX_TOLERANCE_PX,
+    MIN_MATCHED_SHARE,
+    SCORE_TOLERANCE,
+    TOP_MATCHED,
+    Detections,
+    match_detections,
+)
+from export.exporters import OPSET
+from export.job import Job, log_loading, source_fields
+from export.manifest import ONNX, describe_artifacts, embedded_fields, new_tensor_manifest, write_manifest
+from export.parity import Comparison, Tolerance, onnx_sessions, parity_report, pin_precision
+from export.signature import TASK_OBJECT_DETECTION, Signature, TensorSpec
+from export.sources import Source
+from export.steps import library_versions, timed
+from export.tensor_export import refuse_classifier_flags
+from export.unwrap import Unwrapped, strict_load, unwrap_keys
+
+log = logging.getLogger("export")
+
+_PROBE_CLASSES = 1013  # prime: a head's channels are a multiple of it only where they count classes
+# Sizes parity runs at (height, width): landscape, portrait, small and square, each a view of a real photo.
+PARITY_SIZES = ((427, 640), (480, 360), (240, 320), (200, 200))
+OUTPUTS = ("boxes", "scores", "labels")
+
+
+def detection_architectures() -> list[str]:
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models.detection))
+
+
+def is_detector(arch: str | None) -> bool:
+    return arch is not None and arch in detection_architectures() and not arch.startswith("keypointrcnn")
+
+
+class DetectionGraph(nn.Module):
+    """The detector called as the export runs it: one image (1 x 3 x H x W, 0..1) in, its detections out."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        found = self.model([image[0]])[0]
+        return found["boxes"][None], found["scores"][None], found["labels"][None]
+
+
+def _build(arch: str, num_classes: int, hints: dict[str, Any]) -> nn.Module:
+    import torchvision
+
+    kwargs: dict[str, Any] = {"weights": None, "weights_backbone": None, "num_classes": num_classes}
+    if "rcnn" in arch and hints.get("rpn_score_thresh") is not None:  # as references/detection/train.py builds it
+        kwargs["rpn_score_thresh"] = float(hints["rpn_score_thresh"])
+    return torchvision.models.get_model(arch, **kwargs)
+
+
+def count_classes(arch: str, state: dict[str, torch.Tensor], hints: dict[str, Any]) -> tuple[int, Unwrapped]:
+    """The number of classes (background included) the weights were trained with, read off the heads: built on
+    the meta device with _PROBE_CLASSES, a head's tensor counting classes has k x _PROBE_CLASSES channels (k
+    anchors per place), and the checkpoint's has k x its own."""
+    with torch.device("meta"):
+        probe = _build(arch, _PROBE_CLASSES, hints).state_dict()
+    unwrapped = unwrap_keys(state, set(probe))
+    for key, tensor in probe.items():
+        if tensor.ndim and tensor.shape[0] % _PROBE_CLASSES == 0 and key in unwrapped.state_dict:
+            return unwrapped.state_dict[key].shape[0] // (tensor.shape[0] // _PROBE_CLASSES), unwrapped
+    raise ValueError(f"cannot tell the number of classes: no class head of {arch} found in the checkpoint")
+
+
+def detection_settings(model: nn.Module) -> dict[str, Any]:
+    """The model's own thresholds and sizes, as its postprocessing and transform hold them (the manifest's
+    `detection`): an R-CNN keeps them in its roi_heads, the one-stage detectors on themselves."""
+    heads: Any = getattr(model, "roi_heads", model)
+    transform: Any = model.transform
+    return {
+        "score_threshold": float(heads.score_thresh),
+        "nms_threshold": float(heads.nms_thresh),
+        "detections_per_image": int(heads.detections_per_img),
+        "min_size": [int(s) for s in transform.min_size],
+        "max_size": int(transform.max_size),
+        "box_tolerance_px": BOX_TOLERANCE_PX,
+        "score_tolerance": SCORE_TOLERANCE,
+    }
+
+
+def detection_signature() -> Signature:
+    return Signature(
+        (TensorSpec("image", "float32", (-1, 3, -1, -1)),),
+        (
+            TensorSpec("boxes", "float32", (-1, -1, 4)),
+            TensorSpec("scores", "float32", (-1, -1)),
+            TensorSpec("labels", "int64", (-1, -1)),
+        ),
+    )
+
+
+def parity_images() -> list[np.ndarray]:
+    """Views of scikit-learn's two photos at PARITY_SIZES, each 1 x 3 x H x W in 0..1."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photos = [Image.fromarray(p) for p in load_sample_images().images]
+    views = []
+    for k, (height, width) in enumerate(PARITY_SIZES):
+        view = np.asarray(photos[k % len(photos)].resize((width, height), Image.Resampling.BILINEAR))
+        views.append(np.ascontiguousarray(view.transpose(2, 0, 1)[None], dtype=np.float32) / 255)
+    return views
+
+
+def detection_job(
+    args: argparse.Namespace,
+    checkpoint: Path,
+    src: Source,
+    arch: str,
+    device: torch.device,
+    timings: dict[str, float],
+    labels: list[str] | None = None,
+) -> Job:
+    """`labels`: --labels, one name per class index (index 0 is torchvision's background)."""
+    refuse_classifier_flags(args, "a detector", allowed=("arch", "labels"))
+    with timed(timings, "load"):
+        num_classes, unwrapped = count_classes(arch, src.state_dict, src.preprocess_hints)
+        model = _build(arch, num_classes, src.preprocess_hints)
+        strict_load(model, unwrapped.state_dict, arch)
+    model = model.float().eval()
+    log_loading(src, unwrapped)
+    if labels is not None and len(labels) != num_classes:
+        raise ValueError(
+            f"--labels lists {len(labels)} names but the detector has {num_classes} classes (background first)"
+        )
+    settings = detection_settings(model)
+    manifest = new_tensor_manifest(
+        arch, detection_signature(), {"image": [2, 3]}, source_fields(checkpoint, src, unwrapped), timings
+    )
+    manifest |= {
+        "task": TASK_OBJECT_DETECTION,
+        "labels": labels or [str(i) for i in range(num_classes)],
+        "detection": settings,
+    }
+    return Job(
+        manifest,
+        lambda out: write_detection_export(DetectionGraph(model).eval(), device, manifest, out),
+        f"{arch} ({num_classes} classes, background included)",
+    )
+
+
+def export_detection_onnx(graph: DetectionGraph, path: Path, metadata: dict[str, str]) -> None:
+    import onnx
+
+    example = torch.from_numpy(parity_images()[2])
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's tracer warnings are torchvision's known ones
+        torch.onnx.export(
+            graph,
+            (example,),
+            str(path),
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=["image"],
+            output_names=list(OUTPUTS),
+            dynamic_axes={"image": {2: "height", 3: "width"}, **{name: {1: "detections"} for name in OUTPUTS}},
+        )
+    model = onnx.load(str(path))
+    model.metadata_props.extend(onnx.StringStringEntryProto(key=k, value=v) for k, v in metadata.items())
+    onnx.save(model, str(path))
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+def compare_detections(
+    graph: DetectionGraph, folder: Path, device: torch.device, settings: dict[str, Any]
+) -> list[Comparison]:
+    """Each ONNX session's detections against eager's on every parity image (module docstring's rule)."""
+    images = parity_images()
+    model = graph.to(device)
+    with torch.no_grad():
+        eager = [Detections(*(t[0].cpu().numpy() for t in model(torch.from_numpy(x).to(device)))) for x in images]
+    graph.to("cpu")
+    results = []
+    for provider, kind, session in onnx_sessions(folder / ONNX, device):
+        worst_box = worst_score = 0.0
+        matched = total = unmatched = 0
+        reason = None
+        for x, expected in zip(images, eager, strict=True):
+            got = Detections(*(a[0] for a in session.run(list(OUTPUTS), {"image": x})))
+            found = match_detections(
+                expected, got, settings["score_threshold"], settings["detections_per_image"], settings["nms_threshold"]
+            )
+            worst_box, worst_score = max(worst_box, found.worst_box_px), max(worst_score, found.worst_score)
+            matched, total, unmatched = matched + found.matched, total + found.of, unmatched + found.unmatched
+            if found.reason and reason is None:
+                reason = f"{x.shape[2]} x {x.shape[3]}: {found.reason}"
+        share = matched / total if total else 1.0
+        if reason is None and total and unmatched / total > 1 - MIN_MATCHED_SHARE:
+            reason = f"{unmatched} of {total} detections unmatched, more than {100 * (1 - MIN_MATCHED_SHARE):g}%"
+        results.append(
+            Comparison(ONNX, "onnxruntime", provider, kind, worst_box, worst_score, share, reason is None, reason)
+        )
+    return results
+
+
+def detection_summary(results: list[Comparison], device: torch.device, skipped_lines: list[str]) -> list[str]:
+    """The parity table a person reads: the worst box and score gaps of the matched detections, and how many of
+    the eager model's were matched."""
+    lines = [
+        f"parity against the eager model on {device} (fp32, TF32 off; {len(PARITY_SIZES)} photos; pass: the same "
+        f"detections best first, labels equal, boxes within {BOX_TOLERANCE_PX:g} px, scores within "
+        f"{SCORE_TOLERANCE:g}; the {TOP_MATCHED} best of each photo and {100 * MIN_MATCHED_SHARE:g}% of all)",
+        f"  {'artifact':<22} {'runtime / provider':<34} {'box px':>9} {'score':>9} {'matched':>7}  result",
+    ]
+    for r in results:
+        matched = f"{100 * (r.top1_agreement or 0):.1f}%"
+        verdict = "pass" if r.passed else "FAIL: " + (r.reason or "outside tolerance")
+        lines.append(
+            f"  {r.artifact:<22} {r.runtime + ' / ' + r.provider:<34} {r.max_abs_error:9.2e} {r.max_rel_error:9.2e} "
+            f"{matched:>7}  {verdict}"
+        )
+    return lines + skipped_lines
+
+
+def write_detection_export(graph: DetectionGraph, device: torch.device, manifest: dict[str, Any], folder: Path) -> int:
+    with timed(manifest["timings"], "onnx"):
+        try:
+            export_detection_onnx(graph, folder / ONNX, embedded_fields(manifest))
+        except Exception as err:  # noqa: BLE001 - the exporter's own first line
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise ValueError(f"the detector cannot be exported to onnx: {first}; the service runs ONNX") from None
+    manifest["onnx"] = {"opset": OPSET, "external_data": False, "exporter": "torchscript (dynamo=False)"}
+    precision = pin_precision()
+    with timed(manifest["timings"], "parity"):
+        results = compare_detections(graph, folder, device, manifest["detection"])
+    reason = "torchvision's detectors take a list of images sized at run time; exported to ONNX only"
+    tolerance = Tolerance(BOX_TOLERANCE_PX, SCORE_TOLERANCE, 1.0)
+    described = (
+        f"scikit-learn's photos at {', '.join(f'{h} x {w}' for h, w in PARITY_SIZES)}: the same detections matched "
+        f"best first (label equal, boxes within {BOX_TOLERANCE_PX:g} px, scores within {SCORE_TOLERANCE:g}): each "
+        f"photo's {TOP_MATCHED} best, and {100 * MIN_MATCHED_SHARE:g}% of all"
+    )
+    manifest["parity"] = parity_report(
+        results,
+        device,
+        False,
+        tolerance,
+        precision,
+        len(PARITY_SIZES),
+        described,
+        skipped={"model.pt2": reason, "model.torchscript.pt": reason},
+        batch_sizes=[1],
+    )
+    manifest["parity"]["summary"] = detection_summary(
+        results, device, manifest["parity"]["summary"][2 + len(results) :]
+    )
+    manifest["artifacts"] = describe_artifacts(folder, [ONNX])
+    manifest["versions"] = library_versions()
+    manifest["status"] = "passed" if manifest["parity"]["pass"] else "failed"
+    write_manifest(folder, manifest)
+    return EXIT_OK if manifest["parity"]["pass"] else EXIT_PARITY

@@ -1,0 +1,186 @@
+"""torchvision detectors end to end: a Faster R-CNN trained by a plain DDP script (torchrun, 2 gloo processes,
+tests/fixtures/detection_ddp.py), its checkpoint in the layout of torchvision's detection references exported with
+no flags and its DDP state_dict with --arch, served, and answering /detect and the protocol (tritonclient, BYTES
+images) as the eager model does on the same pixels."""
+
+from __future__ import annotations
+
+import io
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import torchvision
+import tritonclient.http as triton
+from conftest import ROOT, Server, run
+from PIL import Image
+from sklearn.datasets import load_sample_images
+
+from export.detection_parity import Detections, match_detections
+from export.manifest import read_manifest_unchecked
+
+pytestmark = pytest.mark.xdist_group("detection")
+ARCH = "fasterrcnn_mobilenet_v3_large_320_fpn"
+SIZES = ((400, 267), (300, 450), (640, 427))  # width x height: landscape, portrait, larger
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The DDP run's two files, and each exported: checkpoint.export (no flags), ddp_state.export (--arch)."""
+    out = tmp_path_factory.mktemp("detection")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    done = run([*launcher, str(ROOT / "tests" / "fixtures" / "detection_ddp.py"), str(out)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run([sys.executable, "-m", "export", str(out / "checkpoint.pth"), "--no-bento"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run([sys.executable, "-m", "export", str(out / "ddp_state.pt"), "--arch", ARCH, "--no-bento"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def photos() -> list[bytes]:
+    """JPEGs of scikit-learn's two photos at SIZES."""
+    found = []
+    for k, size in enumerate(SIZES):
+        buffer = io.BytesIO()
+        Image.fromarray(load_sample_images().images[k % 2]).resize(size).save(buffer, format="JPEG", quality=90)
+        found.append(buffer.getvalue())
+    return found
+
+
+@pytest.fixture(scope="module")
+def eager(trained: Path):
+    """The trained model as torchvision builds it, on the JPEG's decoded pixels: the reference."""
+    model = torchvision.models.get_model(ARCH, weights=None, weights_backbone=None, num_classes=3)
+    model.load_state_dict(torch.load(trained / "checkpoint.pth", map_location="cpu", weights_only=False)["model"])
+    model.eval()
+
+    def detect(jpeg: bytes) -> Detections:
+        pixels = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"), dtype=np.float32).transpose(2, 0, 1) / 255
+        with torch.no_grad():
+            found = model([torch.from_numpy(pixels)])[0]
+        return Detections(found["boxes"].numpy(), found["scores"].numpy(), found["labels"].numpy())
+
+    return detect
+
+
+@pytest.fixture(scope="module")
+def server(trained: Path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("detection_serve") / "serve.log"
+    with Server(log, HANDOFF_MODEL_DIR=str(trained / "checkpoint.export")) as srv:
+        srv.wait_ready()
+        yield srv
+
+
+def served(answer: dict) -> Detections:
+    found = answer["detections"]
+    return Detections(
+        np.array([d["box"] for d in found], dtype=np.float32).reshape(-1, 4),
+        np.array([d["score"] for d in found], dtype=np.float32),
+        np.array([d["index"] for d in found], dtype=np.int64),
+    )
+
+
+def agrees(reference: Detections, other: Detections) -> None:
+    found = match_detections(reference, other, 0.05, 100, 0.5)
+    assert found.reason is None, found.reason
+    assert found.unmatched <= 0.05 * found.of, f"{found.unmatched} of {found.of} unmatched"
+
+
+def test_the_references_checkpoint_exports_with_no_flags(trained: Path):
+    manifest = read_manifest_unchecked(trained / "checkpoint.export")
+    assert manifest["task"] == "object-detection" and manifest["status"] == "passed"
+    assert manifest["arch"] == ARCH and manifest["labels"] == ["0", "1", "2"]  # background, red, blue
+    assert manifest["source"]["container"] == "torchvision-reference"
+    detection = manifest["detection"]  # the model's own settings, as torchvision sets them for this model
+    assert detection["score_threshold"] == 0.05 and detection["detections_per_image"] == 100
+    assert detection["min_size"] == [320] and detection["max_size"] == 640
+    assert set(manifest["artifacts"]) == {"model.onnx"} and set(manifest["parity"]["skipped"]) == {
+        "model.pt2",
+        "model.torchscript.pt",
+    }
+    (result,) = manifest["parity"]["results"]
+    assert result["passed"] and result["max_abs_error"] <= 1.0 and result["top1_agreement"] >= 0.95
+    outputs = {t["name"]: t["shape"] for t in manifest["signature"]["outputs"]}
+    assert outputs == {"boxes": [-1, -1, 4], "scores": [-1, -1], "labels": [-1, -1]}
+
+
+def test_a_ddp_state_dict_exports_with_arch_and_without_it_says_what_to_pass(trained: Path):
+    manifest = read_manifest_unchecked(trained / "ddp_state.export")
+    assert manifest["status"] == "passed" and manifest["labels"] == ["0", "1", "2"]
+    assert manifest["source"]["removed_prefixes"] == ["module."]
+    done = run([sys.executable, "-m", "export", str(trained / "ddp_state.pt"), "--no-bento"])
+    assert done.returncode == 2 and "--arch" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_detect_answers_each_photo_as_the_eager_model(server, eager, photos: list[bytes]):
+    for jpeg in photos:
+        raw = httpx.post(f"{server.url}/detect", content=jpeg, headers={"Content-Type": "image/jpeg"}, timeout=60)
+        form = httpx.post(f"{server.url}/detect", files={"image": ("photo.jpg", jpeg)}, timeout=60)
+        assert raw.status_code == 200 and form.json() == raw.json()
+        scores = [d["score"] for d in raw.json()["detections"]]
+        assert scores == sorted(scores, reverse=True) and 0 < len(scores) <= 100
+        agrees(eager(jpeg), served(raw.json()))
+        width, height = Image.open(io.BytesIO(jpeg)).size
+        boxes = served(raw.json()).boxes
+        assert (boxes[:, [0, 2]] <= width + 1e-3).all() and (boxes[:, [1, 3]] <= height + 1e-3).all()
+
+
+def test_the_protocol_answers_in_tritons_detection_layout(server, photos: list[bytes]):
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    images = triton.InferInput("image", [len(photos), 1], "BYTES")
+    images.set_data_from_numpy(np.array([[jpeg] for jpeg in photos], dtype=object))
+    result = client.infer("handoff", [images])
+    count, boxes = result.as_numpy("num_detections"), result.as_numpy("detection_boxes")
+    scores, classes = result.as_numpy("detection_scores"), result.as_numpy("detection_classes")
+    assert count.shape == (3,) and boxes.shape == (3, 100, 4) and scores.shape == classes.shape == (3, 100)
+    for i, jpeg in enumerate(photos):
+        alone = served(httpx.post(f"{server.url}/detect", content=jpeg, headers={"Content-Type": "image/jpeg"}).json())
+        n = int(count[i])
+        assert n == len(alone.scores)
+        np.testing.assert_allclose(boxes[i, :n], alone.boxes, atol=1e-4)
+        np.testing.assert_allclose(scores[i, :n], alone.scores, atol=1e-6)
+        assert (classes[i, :n] == alone.labels).all() and not boxes[i, n:].any()  # padding rows are zeros
+    metadata = httpx.get(f"{server.url}/v2/models/handoff").json()
+    assert [o["name"] for o in metadata["outputs"]] == [
+        "num_detections",
+        "detection_boxes",
+        "detection_scores",
+        "detection_classes",
+    ]
+
+
+def test_photos_of_different_sizes_sent_at_once_each_get_their_own_answer(server, photos: list[bytes]):
+    def detect(jpeg: bytes) -> dict:
+        answer = httpx.post(f"{server.url}/detect", content=jpeg, headers={"Content-Type": "image/jpeg"}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    alone = [detect(jpeg) for jpeg in photos]
+    with ThreadPoolExecutor(12) as pool:
+        together = list(pool.map(detect, photos * 4))
+    for k, answer in enumerate(together):
+        assert served(answer).scores.tolist() == served(alone[k % 3]).scores.tolist()
+        np.testing.assert_allclose(served(answer).boxes, served(alone[k % 3]).boxes, atol=1e-4)
+
+
+def test_a_detectors_wrong_requests_get_a_4xx_naming_the_problem(server, photos: list[bytes]):
+    url = server.url
+    jpeg = {"content": photos[0], "headers": {"Content-Type": "image/jpeg"}}
+    answer = httpx.post(f"{url}/classify", **jpeg)
+    assert answer.status_code == 404 and "/detect" in answer.json()["error"]
+    answer = httpx.post(f"{url}/detect", content=b"not an image", headers={"Content-Type": "image/jpeg"})
+    assert answer.status_code == 400 and "image" in answer.json()["error"]
+    answer = httpx.post(f"{url}/detect?top_k=3", **jpeg)
+    assert answer.status_code == 400 and "top_k" in answer.json()["error"]
+    answer = httpx.post(f"{url}/detect", json={"text": "a cat"})
+    assert answer.status_code == 415
+    infer = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3], "data": [0, 0, 0]}]}
+    answer = httpx.post(f"{url}/v2/models/handoff/infer", json=infer)
+    assert answer.status_code == 400 and "'image'" in answer.json()["error"]
+    assert httpx.get(f"{url}/readyz").status_code == 200  # still serving
