@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from serve.endpoint import APP, BENTOML, FRONT_DOOR, app_routes, body_routes, known_paths, open_paths, openapi_document
 from serve.oip import ProtocolSurface
-from serve.routes import CLASSIFY_FIELDS, endpoints
+from serve.routes import CLASSIFY_FIELDS, DETECT_FIELDS, endpoints
 from serve.tracing import EVERY_URL, service_tracing
 
 TABLE = endpoints(ProtocolSurface("digits", "1", lambda: None), "handoff", "0.1.0")
@@ -18,11 +18,12 @@ def test_every_post_is_read_by_the_front_door_and_every_get_by_the_app_or_bentom
     routes = body_routes(TABLE, "digits")
     assert set(routes) == {
         "/classify",
+        "/detect",
         "/predict",
         "/v2/models/digits/infer",
         "/v2/models/digits/versions/1/infer",
     }
-    assert routes["/classify"].form_fields == CLASSIFY_FIELDS
+    assert routes["/classify"].form_fields == CLASSIFY_FIELDS and routes["/detect"].form_fields == DETECT_FIELDS
     served = {route.path for route in app_routes(TABLE)}
     assert served == {e.path for e in TABLE if e.answered_by == APP}
 
@@ -37,7 +38,7 @@ def test_the_probes_and_the_page_are_open_and_nothing_that_holds_data():
         "/v2/models/digits/ready",
         "/v2/models/digits/versions/1/ready",
     }
-    assert not {"/info", "/classify", "/predict", "/metrics"} & open_paths(TABLE, "digits")
+    assert not {"/info", "/classify", "/detect", "/predict", "/metrics"} & open_paths(TABLE, "digits")
 
 
 def test_metrics_know_each_documented_path_for_the_served_model_and_no_catch_all():
