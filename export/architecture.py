@@ -108,6 +108,21 @@ def fits(arch: str, state: dict[str, torch.Tensor], image_size: int) -> bool:
     )
 
 
+def classes_in_heads(
+    make: Callable[[int], nn.Module], state: dict[str, torch.Tensor], arch: str
+) -> tuple[int, Unwrapped]:
+    """The number of classes the weights were trained with, read off the model's heads: built on the meta device
+    with _PROBE_CLASSES (prime), a head's tensor that counts classes has k x _PROBE_CLASSES channels (k anchors
+    per place for a detector), and the checkpoint's has k x its own. Also the checkpoint's keys mapped onto it."""
+    with torch.device("meta"):
+        probe = make(_PROBE_CLASSES).state_dict()
+    unwrapped = unwrap_keys(state, set(probe))
+    for key, tensor in probe.items():
+        if tensor.ndim and tensor.shape[0] % _PROBE_CLASSES == 0 and key in unwrapped.state_dict:
+            return unwrapped.state_dict[key].shape[0] // (tensor.shape[0] // _PROBE_CLASSES), unwrapped
+    raise ValueError(f"cannot tell the number of classes: no class head of {arch} found in the checkpoint")
+
+
 def _image_size(src: Source, flag: int | None) -> int | None:
     """--image-size, unless it contradicts the size the checkpoint was trained at: then refuse."""
     recorded = (src.meta or {}).get("image_size") or src.preprocess_hints.get("image_size")

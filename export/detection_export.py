@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from export.architecture import classes_in_heads
 from export.classifier_export import EXIT_OK, EXIT_PARITY
 from export.detection_parity import (
     BOX_TOLERANCE_PX,
@@ -42,11 +43,10 @@ from export.signature import TASK_OBJECT_DETECTION, Signature, TensorSpec
 from export.sources import Source
 from export.steps import library_versions, timed
 from export.tensor_export import refuse_classifier_flags
-from export.unwrap import Unwrapped, strict_load, unwrap_keys
+from export.unwrap import strict_load
 
 log = logging.getLogger("export")
 
-_PROBE_CLASSES = 1013  # prime: a head's channels are a multiple of it only where they count classes
 # Sizes parity runs at (height, width): landscape, portrait, small and square, each a view of a real photo.
 PARITY_SIZES = ((427, 640), (480, 360), (240, 320), (200, 200))
 OUTPUTS = ("boxes", "scores", "labels")
@@ -81,19 +81,6 @@ def _build(arch: str, num_classes: int, hints: dict[str, Any]) -> nn.Module:
     if "rcnn" in arch and hints.get("rpn_score_thresh") is not None:  # as references/detection/train.py builds it
         kwargs["rpn_score_thresh"] = float(hints["rpn_score_thresh"])
     return torchvision.models.get_model(arch, **kwargs)
-
-
-def count_classes(arch: str, state: dict[str, torch.Tensor], hints: dict[str, Any]) -> tuple[int, Unwrapped]:
-    """The number of classes (background included) the weights were trained with, read off the heads: built on
-    the meta device with _PROBE_CLASSES, a head's tensor counting classes has k x _PROBE_CLASSES channels (k
-    anchors per place), and the checkpoint's has k x its own."""
-    with torch.device("meta"):
-        probe = _build(arch, _PROBE_CLASSES, hints).state_dict()
-    unwrapped = unwrap_keys(state, set(probe))
-    for key, tensor in probe.items():
-        if tensor.ndim and tensor.shape[0] % _PROBE_CLASSES == 0 and key in unwrapped.state_dict:
-            return unwrapped.state_dict[key].shape[0] // (tensor.shape[0] // _PROBE_CLASSES), unwrapped
-    raise ValueError(f"cannot tell the number of classes: no class head of {arch} found in the checkpoint")
 
 
 def detection_settings(model: nn.Module) -> dict[str, Any]:
@@ -147,9 +134,10 @@ def detection_job(
 ) -> Job:
     """`labels`: --labels, one name per class index (index 0 is torchvision's background)."""
     refuse_classifier_flags(args, "a detector", allowed=("arch", "labels"))
+    hints = src.preprocess_hints
     with timed(timings, "load"):
-        num_classes, unwrapped = count_classes(arch, src.state_dict, src.preprocess_hints)
-        model = _build(arch, num_classes, src.preprocess_hints)
+        num_classes, unwrapped = classes_in_heads(lambda n: _build(arch, n, hints), src.state_dict, arch)
+        model = _build(arch, num_classes, hints)
         strict_load(model, unwrapped.state_dict, arch)
     model = model.float().eval()
     log_loading(src, unwrapped)

@@ -26,6 +26,7 @@ from export.hf_checkpoint import find_hf_checkpoint
 from export.job import Job, log_loading, source_fields
 from export.manifest import ONNX_INT8, is_export_folder, new_manifest
 from export.out_folder import check_out, passed, replace_folder
+from export.segmentation_export import is_segmenter, segmentation_job
 from export.sources import Source, read_source
 from export.steps import timed
 from export.tensor_export import tensor_job
@@ -92,6 +93,8 @@ def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
         arch = args.arch or (None if args.model else src.arch)
         if is_detector(arch):
             job = detection_job(args, checkpoint, src, str(arch), device, timings, checked.labels)
+        elif is_segmenter(arch):
+            job = segmentation_job(args, checkpoint, src, str(arch), checked.formats, device, timings, checked.labels)
         else:
             job = classifier_job(args, checkpoint, src, checked, device, timings)
     manifest = job.manifest

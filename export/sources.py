@@ -104,13 +104,14 @@ def _find_ema(obj: dict[str, Any]) -> tuple[str, dict[str, torch.Tensor]] | None
 
 def _torchvision_reference_hints(args: dict[str, Any]) -> dict[str, Any]:
     """torchvision's references/classification/train.py: --val-resize-size, --val-crop-size, --interpolation;
-    references/detection/train.py's --rpn-score-thresh."""
+    references/detection/train.py's --rpn-score-thresh and references/segmentation/train.py's --aux-loss."""
     hints = {
         "image_size": args.get("val_crop_size"),
         "resize": args.get("val_resize_size"),
         "interpolation": args.get("interpolation"),
         "data": args.get("data_path"),  # its ImageFolder root: train/ and val/
         "rpn_score_thresh": args.get("rpn_score_thresh"),  # references/detection/train.py's, an R-CNN's own setting
+        "aux_loss": args.get("aux_loss"),  # references/segmentation/train.py's: the model has an aux classifier
     }
     return {k: v for k, v in hints.items() if v is not None}
 

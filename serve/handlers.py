@@ -10,6 +10,7 @@ import logging
 import typing
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import parse_qs
 
 from bentoml import get_current_service  # resolved once: `bentoml.get_current_service` imports it on every use
 from bentoml.exceptions import BentoMLException
@@ -17,6 +18,7 @@ from bentoml.exceptions import BentoMLException
 from serve.form import MAX_DIGITS, small_integer
 from serve.front_door import Scope, Send, send_json
 from serve.logs import CLIENT_ERROR, client_error_args
+from serve.segmentation import SEGMENT_FORMATS
 
 log = logging.getLogger("bentoml.handoff")
 
@@ -70,6 +72,25 @@ async def _detect_answer(image: bytes, params: dict[str, list[str]]) -> dict[str
 async def detect(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
     """POST /detect: a detector's detections for an image, the multipart form (field `image`) or the image itself."""
     await _answer(scope, send, _detect_answer(body, params))
+
+
+async def segment(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
+    """POST /segment: a segmenter's mask for an image (the multipart form's `image`, or the image itself), a PNG of
+    class indices; `?format=json`: the classes present and their share of the pixels."""
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)  # a form's too
+    try:
+        _only_params(params | query, {"format"})
+        form = (params | query).get("format", ["png"])[-1]
+        if form not in SEGMENT_FORMATS:
+            raise RequestError(f"format={form[:20]}: must be {' or '.join(SEGMENT_FORMATS)}")
+        answer = await get_current_service().segment_upload(body, form)
+    except BentoMLException as err:
+        return await send_client_error(scope, send, err.error_code.value, err)
+    if isinstance(answer, dict):
+        return await send_json(send, 200, answer)
+    headers = [(b"content-type", b"image/png"), (b"content-length", str(len(answer)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
 
 
 TEXT_TYPES = ("application/json", "text/plain")  # a text classifier's /classify bodies

@@ -7,7 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from export.manifest import fast_decode_checked
-from export.signature import TASK_IMAGE_CLASSIFICATION, TASK_OBJECT_DETECTION, TASK_TEXT_CLASSIFICATION
+from export.signature import (
+    TASK_IMAGE_CLASSIFICATION,
+    TASK_OBJECT_DETECTION,
+    TASK_SEMANTIC_SEGMENTATION,
+    TASK_TEXT_CLASSIFICATION,
+)
 from serve.config import ServeConfig
 
 
@@ -34,6 +39,8 @@ def service_info(service: Any, config: ServeConfig, version: str, protocol: dict
         model |= {"labels": m["labels"], "tokenizer": m["tokenizer"]}
     if service.task == TASK_OBJECT_DETECTION:
         model |= {"labels": m["labels"], "detection": m["detection"]}
+    if service.task == TASK_SEMANTIC_SEGMENTATION:
+        model |= {"labels": m["labels"], "segmentation": m["segmentation"]}
     model |= {
         "source": _source(m, config.show_paths),
         "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},

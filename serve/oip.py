@@ -23,7 +23,13 @@ from bentoml.exceptions import BentoMLException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from export.signature import TASK_IMAGE_CLASSIFICATION, TASK_OBJECT_DETECTION, TASK_TEXT_CLASSIFICATION, Signature
+from export.signature import (
+    TASK_IMAGE_CLASSIFICATION,
+    TASK_OBJECT_DETECTION,
+    TASK_SEMANTIC_SEGMENTATION,
+    TASK_TEXT_CLASSIFICATION,
+    Signature,
+)
 from serve.front_door import Scope, Send
 from serve.handlers import send_client_error
 from serve.oip_codec import (
@@ -91,6 +97,9 @@ def served_tensors(task: str, signature: Signature) -> tuple[list[ServedTensor],
             ServedTensor("detection_scores", "FP32", (-1, -1)),
             ServedTensor("detection_classes", "INT64", (-1, -1)),
         ]
+    elif task == TASK_SEMANTIC_SEGMENTATION:  # encoded images in, each pixel's class out (serve/segmentation.py)
+        inputs = [ServedTensor(IMAGE_INPUT, "BYTES", (-1, 1))]
+        outputs = [ServedTensor("classes", "INT32", (-1, -1, -1))]
     return inputs, outputs
 
 

@@ -4,6 +4,7 @@
   decoded and preprocessed as /classify does) and gives `logits` and `probabilities`;
 - a text classifier takes `text` (BYTES: UTF-8 texts, tokenized as /classify tokenizes them) and gives the same;
 - a detector takes `image` (BYTES, decoded as /detect does) and gives Triton's detection layout (serve/detection.py);
+  a segmenter takes the same and gives each image's `classes` (serve/segmentation.py);
 - any other model takes and gives what its signature names (serve/tensor_inputs.py checks the request).
 
 Both go through the service's one batcher (`service.batched`).
@@ -68,24 +69,31 @@ def _files(request: InferRequest, max_rows: int) -> list[bytes]:
     return list(files.value)
 
 
-async def detection_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:
-    """Each image queued for the model as soon as it is decoded (so the images share batches, and each one's
-    pixels are let go when it has run); a bad image fails the request and cancels the others."""
-    detector = service.detector
+async def image_task_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:
+    """A detector's or segmenter's infer: each image queued for the model as soon as it is decoded (so the images
+    share batches, and each one's pixels are let go when it has run); a bad image fails the request and cancels
+    the others."""
+    task = service.detector or service.segmenter
     running: list[asyncio.Future[Any]] = []
+    sizes = []
     try:
         for index, data in enumerate(_files(request, max_rows)):
             try:
-                rows = await service.decoders.run(detector.prepare, data)
+                prepared = await service.decoders.run(task.prepare, data)
             except BadImage as err:
                 raise ProtocolError(f"image[{index}]: {err}", status=err.status) from None
+            rows, size = prepared if service.segmenter else (prepared, None)
+            sizes.append(size)
             running.append(asyncio.ensure_future(service.batched(rows)))
         answers = list(await asyncio.gather(*running))
     except BaseException:
         for future in running:
             future.cancel()
         raise
-    return select_outputs(request, detector.protocol_outputs(answers), None)
+    if service.segmenter:
+        masks = [service.segmenter.mask(a, size) for a, size in zip(answers, sizes, strict=True)]
+        return select_outputs(request, service.segmenter.protocol_outputs(masks), None)
+    return select_outputs(request, service.detector.protocol_outputs(answers), None)
 
 
 async def text_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:

@@ -14,14 +14,14 @@ from starlette.responses import FileResponse, JSONResponse
 
 from serve.endpoint import APP, BENTOML, FRONT_DOOR, Endpoint, openapi_document
 from serve.front_door import MULTIPART, BodyRoute
-from serve.handlers import TEXT_TYPES, classify, detect, predict_tensor
+from serve.handlers import TEXT_TYPES, classify, detect, predict_tensor, segment
 from serve.oip import ProtocolSurface
 from serve.page import PAGE, PAGE_HEADERS
 from serve.request_metrics import metrics_page
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif")
 CLASSIFY_FIELDS = {"image": "file", "top_k": "integer"}  # the multipart form's fields, checked by the front door
-DETECT_FIELDS = {"image": "file"}
+DETECT_FIELDS = {"image": "file"}  # /detect's and /segment's form
 TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}
 BINARY = {"type": "string", "format": "binary"}
 TEXT_BODY = {
@@ -103,6 +103,21 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
                 MULTIPART: {"schema": {"type": "object", "properties": {"image": BINARY}, "required": ["image"]}},
                 **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES},
             },
+            errors=(400, 404, 408, 413, 415, 429, 503),
+        ),
+        Endpoint(
+            "POST",
+            "/segment",
+            "a segmenter's class per pixel, as a PNG of class indices in the image's size (`?format=json`: the "
+            "classes present and their share): an image (a multipart form with `image`, or the image as the body)",
+            FRONT_DOOR,
+            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), segment, DETECT_FIELDS),
+            request={
+                MULTIPART: {"schema": {"type": "object", "properties": {"image": BINARY}, "required": ["image"]}},
+                **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES},
+            },
+            query=({"name": "format", "in": "query", "required": False, "schema": {"enum": ["png", "json"]}},),
+            answer=("image/png", {}),
             errors=(400, 404, 408, 413, 415, 429, 503),
         ),
         Endpoint(

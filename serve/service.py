@@ -32,6 +32,7 @@ from export.manifest import ManifestError, fast_decode_passed, read_artifact, re
 from export.signature import (
     TASK_IMAGE_CLASSIFICATION,
     TASK_OBJECT_DETECTION,
+    TASK_SEMANTIC_SEGMENTATION,
     TASK_TENSORS,
     TASK_TEXT_CLASSIFICATION,
     read_signature,
@@ -53,10 +54,11 @@ from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
 from serve.logs import install_log_filters
 from serve.oip import ProtocolSurface
 from serve.oip_codec import InferRequest, OutputTensor, ProtocolError
-from serve.oip_infer import classifier_infer, detection_infer, tensor_infer, text_infer
+from serve.oip_infer import classifier_infer, image_task_infer, tensor_infer, text_infer
 from serve.request_metrics import RequestMetrics
 from serve.routes import endpoints
 from serve.runtime import RuntimeUnavailable, best_first, load_runtime, softmax
+from serve.segmentation import Segmenter
 from serve.tensor_inputs import check_answer_size, json_inputs, model_inputs, outputs_json
 from serve.text import BadText, TextModel
 from serve.tracing import service_tracing
@@ -146,6 +148,8 @@ class HandoffClassifier:
         self.classes: list[str] | None = None
         self.text: TextModel | None = None
         self.detector = Detector(self.manifest, CONFIG.max_pixels) if self.task == TASK_OBJECT_DETECTION else None
+        segments = self.task == TASK_SEMANTIC_SEGMENTATION
+        self.segmenter = Segmenter(self.manifest, CONFIG.max_pixels) if segments else None
         if self.task == TASK_TEXT_CLASSIFICATION:  # its tokenizer, from the bytes the manifest vouches for
             tokenizer = read_artifact(self.folder, self.manifest, self.manifest["tokenizer"]["file"])
             self.text = TextModel(tokenizer, self.manifest, CONFIG.max_text_chars, CONFIG.max_batch_tokens)
@@ -161,7 +165,8 @@ class HandoffClassifier:
     def padded_batch_sizes(self) -> list[int] | None:
         """On a GPU, batches run only at the sizes warmed up in _load (see serve/batching.py for why); a detector's
         images run one per call, never padded."""
-        return CONFIG.batch_buckets() if self.runtime.device == "cuda" and self.detector is None else None
+        one_each = self.detector or self.segmenter
+        return CONFIG.batch_buckets() if self.runtime.device == "cuda" and not one_each else None
 
     @property
     def not_ready(self) -> str | None:
@@ -189,6 +194,7 @@ class HandoffClassifier:
             model: dict[str, Callable[[Any], Any]] = {
                 TASK_IMAGE_CLASSIFICATION: self._classify_batch,
                 TASK_TEXT_CLASSIFICATION: self._classify_texts,
+                TASK_SEMANTIC_SEGMENTATION: lambda rows: Segmenter.classes(self.runtime.run_named(rows)["logits"]),
             }
             self.batcher = ModelBatcher(
                 model.get(self.task, self.runtime.run_named),
@@ -210,9 +216,9 @@ class HandoffClassifier:
             ) from None
 
     def _batch_shape(self) -> BatchShape | None:
-        """Texts of any length share a batch, padded (serve/text.py); a detector's images of any size, each run
-        alone (serve/detection.py); else requests of one shape (serve/batching.py's default)."""
-        task_model = self.text or self.detector
+        """Texts of any length share a batch, padded (serve/text.py); a detector's or segmenter's images of any
+        size, each run alone (serve/detection.py); else requests of one shape (serve/batching.py's default)."""
+        task_model = self.text or self.detector or self.segmenter
         return None if task_model is None else task_model.batch_shape
 
     def _classify_batch(self, batch: np.ndarray) -> dict[str, np.ndarray]:
@@ -253,8 +259,9 @@ class HandoffClassifier:
         self._require_ready()
         if self.text is not None:
             raise RequestError('this model classifies text: send {"text": "..."} (application/json) or text/plain', 415)
-        if self.detector is not None:
-            raise RequestError("/classify is for classifiers; this model is a detector: POST /detect", status=404)
+        if self.detector or self.segmenter:
+            route = "/detect" if self.detector else "/segment"
+            raise RequestError(f"/classify is for classifiers; this model takes an image: POST {route}", status=404)
         if self.classes is None:
             raise RequestError(
                 f"/classify is for image classifiers; this model takes {self._input_names()}: POST /predict "
@@ -288,11 +295,23 @@ class HandoffClassifier:
         self._require_ready()
         if self.detector is None:
             raise RequestError(f"/detect is for detectors; this model's task is {self.task}: see GET /info", 404)
+        return self.detector.answer(await self.batched(await self._decoded(self.detector.prepare, upload)))
+
+    async def segment_upload(self, upload: bytes, form: str) -> dict[str, Any] | bytes:
+        """The /segment answer for one image: its mask as a PNG (form "png"), or the classes it holds ("json")."""
+        self._require_ready()
+        if self.segmenter is None:
+            raise RequestError(f"/segment is for segmenters; this model's task is {self.task}: see GET /info", 404)
+        rows, size = await self._decoded(self.segmenter.prepare, upload)
+        mask = self.segmenter.mask(await self.batched(rows), size)
+        answer = self.segmenter.summary if form == "json" else self.segmenter.png
+        return await self.decoders.run(answer, mask)
+
+    async def _decoded(self, prepare: Callable[[bytes], Any], upload: bytes) -> Any:
         try:
-            rows = await self.decoders.run(self.detector.prepare, upload)
+            return await self.decoders.run(prepare, upload)
         except BadImage as err:
             raise RequestError(str(err), status=err.status) from None
-        return self.detector.answer(await self.batched(rows))
 
     def _prepare(self, upload: bytes) -> np.ndarray:
         try:
@@ -307,8 +326,9 @@ class HandoffClassifier:
         if self.task == TASK_IMAGE_CLASSIFICATION:
             batch = await self.decoders.run(self._parse_predict, body)
             return await self.predict_rows(batch)
-        if self.detector is not None:
-            raise RequestError("/predict takes tensors; this model is a detector: POST /detect an image", status=404)
+        if self.detector or self.segmenter:
+            route = "/detect" if self.detector else "/segment"
+            raise RequestError(f"/predict takes tensors; this model takes an image: POST {route}", status=404)
         inputs = await self.decoders.run(self._parse_inputs, body)
         outputs = {name: a for name, a in (await self.batched(inputs)).items() if name != "order"}
         try:
@@ -352,8 +372,8 @@ class HandoffClassifier:
             return await classifier_infer(self, request, CONFIG.max_batch_size)
         if self.task == TASK_TEXT_CLASSIFICATION:
             return await text_infer(self, request, CONFIG.max_batch_size)
-        if self.task == TASK_OBJECT_DETECTION:
-            return await detection_infer(self, request, CONFIG.max_batch_size)
+        if self.task in (TASK_OBJECT_DETECTION, TASK_SEMANTIC_SEGMENTATION):
+            return await image_task_infer(self, request, CONFIG.max_batch_size)
         return await tensor_infer(self, request, CONFIG.max_batch_size, CONFIG.max_answer_numbers)
 
     def prepare_files(self, files: list[bytes]) -> np.ndarray:

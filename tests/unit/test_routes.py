@@ -19,11 +19,15 @@ def test_every_post_is_read_by_the_front_door_and_every_get_by_the_app_or_bentom
     assert set(routes) == {
         "/classify",
         "/detect",
+        "/segment",
         "/predict",
         "/v2/models/digits/infer",
         "/v2/models/digits/versions/1/infer",
     }
-    assert routes["/classify"].form_fields == CLASSIFY_FIELDS and routes["/detect"].form_fields == DETECT_FIELDS
+    assert (
+        routes["/classify"].form_fields == CLASSIFY_FIELDS
+        and routes["/detect"].form_fields == DETECT_FIELDS == routes["/segment"].form_fields
+    )
     served = {route.path for route in app_routes(TABLE)}
     assert served == {e.path for e in TABLE if e.answered_by == APP}
 
@@ -38,7 +42,7 @@ def test_the_probes_and_the_page_are_open_and_nothing_that_holds_data():
         "/v2/models/digits/ready",
         "/v2/models/digits/versions/1/ready",
     }
-    assert not {"/info", "/classify", "/detect", "/predict", "/metrics"} & open_paths(TABLE, "digits")
+    assert not {"/info", "/classify", "/detect", "/segment", "/predict", "/metrics"} & open_paths(TABLE, "digits")
 
 
 def test_metrics_know_each_documented_path_for_the_served_model_and_no_catch_all():

@@ -1,0 +1,121 @@
+"""Export a torchvision segmenter (FCN, DeepLabV3, LR-ASPP): its checkpoint in, an ONNX graph that takes an image
+and gives per-pixel logits, proven against the eager model on real photos.
+
+What torchvision's segmentation references do at evaluation (`SegmentationPresetEval`): resize the image's shorter
+side to 520 (bilinear), scale to 0..1, normalize with ImageNet's mean and std, run the model, take `out`. The
+resize stays outside the graph (the service does it with Pillow, as the references do on PIL images); the
+normalization goes inside, so the graph takes `image` N x 3 x H x W in 0..1 at any H and W and gives `logits`
+N x classes x H x W, at the size it was given. The service takes each pixel's best class and maps the mask back
+to the uploaded image's size (nearest).
+
+Written and checked as any model is (export/tensor_export.py: ONNX, torch.export, TorchScript, each against
+eager on the example's rows and at a shorter H and W), the example being two views of scikit-learn's photos.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from export.architecture import classes_in_heads
+from export.classifier_export import tolerance_of
+from export.job import Job, log_loading, source_fields
+from export.manifest import new_tensor_manifest
+from export.signature import TASK_SEMANTIC_SEGMENTATION
+from export.sources import Source
+from export.steps import timed
+from export.tensor_export import refuse_classifier_flags, write_tensor_export
+from export.tensor_model import Example, describe
+from export.unwrap import strict_load
+
+EVAL_SIZE = 520  # references/segmentation/presets.py: SegmentationPresetEval(base_size=520)
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+EXAMPLE_SIZE = (240, 320)  # parity's example (H, W); the dynamic H and W are checked cut shorter
+
+
+def segmentation_architectures() -> list[str]:
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models.segmentation))
+
+
+def is_segmenter(arch: str | None) -> bool:
+    return arch is not None and arch in segmentation_architectures()
+
+
+class SegmentationGraph(nn.Module):
+    """The segmenter as the export runs it: an image in 0..1, normalized here, and the model's `out` logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.mean: torch.Tensor
+        self.std: torch.Tensor
+        self.register_buffer("mean", torch.tensor(MEAN).reshape(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(STD).reshape(1, 3, 1, 1))
+
+    def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.model((image - self.mean) / self.std)["out"]}
+
+
+def _build(arch: str, num_classes: int, aux_loss: bool) -> nn.Module:
+    import torchvision
+
+    extra = {"aux_loss": True} if aux_loss else {}  # as references/segmentation/train.py's --aux-loss builds it
+    return torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=num_classes, **extra)
+
+
+def example_images() -> Example:
+    """Two views of scikit-learn's photos at EXAMPLE_SIZE, 2 x 3 x H x W in 0..1."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    height, width = EXAMPLE_SIZE
+    views = [np.asarray(Image.fromarray(p).resize((width, height))) for p in load_sample_images().images]
+    batch = np.stack(views).transpose(0, 3, 1, 2).astype(np.float32) / 255
+    return Example({"image": torch.from_numpy(np.ascontiguousarray(batch))}, keywords=False)
+
+
+def segmentation_job(
+    args: argparse.Namespace,
+    checkpoint: Path,
+    src: Source,
+    arch: str,
+    formats: list[str],
+    device: torch.device,
+    timings: dict[str, float],
+    labels: list[str] | None = None,
+) -> Job:
+    """`labels`: --labels, one name per class index (index 0 is the references' background)."""
+    refuse_classifier_flags(args, "a segmenter", allowed=("arch", "labels"))
+    aux_loss = bool(src.preprocess_hints.get("aux_loss")) or any("aux_classifier." in k for k in src.state_dict)
+    with timed(timings, "load"):
+        num_classes, unwrapped = classes_in_heads(lambda n: _build(arch, n, aux_loss), src.state_dict, arch)
+        model = _build(arch, num_classes, aux_loss)
+        strict_load(model, unwrapped.state_dict, arch)
+    model = model.float().eval()
+    log_loading(src, unwrapped)
+    if labels is not None and len(labels) != num_classes:
+        raise ValueError(f"--labels lists {len(labels)} names but the segmenter has {num_classes} classes")
+    example = example_images()
+    dynamic: dict[str, tuple[int, ...]] = {"image": (2, 3)}
+    signature, wrapped = describe(SegmentationGraph(model).eval(), example, dynamic)
+    source = source_fields(checkpoint, src, unwrapped)
+    manifest = new_tensor_manifest(arch, signature, {"image": [2, 3]}, source, timings)
+    settings: dict[str, Any] = {"resize": EVAL_SIZE, "interpolation": "bilinear", "mean": MEAN, "std": STD}
+    manifest |= {
+        "task": TASK_SEMANTIC_SEGMENTATION,
+        "labels": labels or [str(i) for i in range(num_classes)],
+        "segmentation": settings,
+    }
+    tolerance = tolerance_of(args)
+    return Job(
+        manifest,
+        lambda out: write_tensor_export(wrapped, example, dynamic, formats, device, tolerance, manifest, out),
+        f"{arch} ({num_classes} classes{', with its aux classifier' if aux_loss else ''})",
+    )

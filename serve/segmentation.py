@@ -1,0 +1,87 @@
+"""A segmenter's serving side: an image in, the class of each of its pixels out, on POST /segment and the protocol.
+
+As torchvision's segmentation references evaluate (the export's `segmentation` settings): the upload is decoded
+with /classify's checks, its shorter side resized to 520 with Pillow (bilinear), scaled to 0..1; the graph
+normalizes it and gives logits at that size; each pixel's best class, taken in the model thread, is mapped back to
+the uploaded image's size (nearest). Images of any sizes share a batch; each runs alone (serve/detection.py's
+OneImageEach).
+
+Answers:
+- /segment: a PNG of the uploaded image's size whose pixel values are class indices (8-bit up to 256 classes,
+  else 16-bit); with `?format=json`, `{"width", "height", "classes": [{"label", "index", "share"}, ...]}`, the
+  classes present, largest share of the pixels first;
+- the protocol: `image` BYTES [N] in; `classes` INT32 [N, H, W] out, each image's mask in its own size, padded to
+  the largest H and W of the request with -1.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from serve.detection import OneImageEach
+from train.pil_transform import Preprocessor
+
+SEGMENT_FORMATS = ("png", "json")
+
+
+class Segmenter:
+    """A segmenter's labels, resize and decoding, from its manifest."""
+
+    def __init__(self, manifest: dict[str, Any], max_pixels: int) -> None:
+        self.labels: list[str] = manifest["labels"]
+        settings = manifest["segmentation"]
+        self.batch_shape = OneImageEach()
+        self.decoder = Preprocessor(
+            settings["resize"], settings["resize"], np.zeros(3), np.ones(3), settings["interpolation"], max_pixels
+        )
+
+    def prepare(self, upload: bytes) -> tuple[dict[str, np.ndarray], tuple[int, int]]:
+        """An upload as the graph's input, and its own (width, height); BadImage for one it cannot take."""
+        image = self.decoder.decode(upload).convert("RGB")
+        size = image.size
+        resized = image.resize(self.decoder.resized_size(*size), Image.Resampling.BILINEAR)
+        pixels = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1)[None] / np.float32(255.0)
+        return {"image": np.ascontiguousarray(pixels)}, size
+
+    @staticmethod
+    def classes(logits: np.ndarray) -> dict[str, np.ndarray]:
+        """In the model thread: each pixel's best class (N x H x W), not the logits, goes back to the loop."""
+        return {"classes": logits.argmax(axis=1).astype(np.int32)}
+
+    def mask(self, outputs: dict[str, np.ndarray], size: tuple[int, int]) -> np.ndarray:
+        """One image's classes at its uploaded (width, height), H x W."""
+        classes = outputs["classes"][0]
+        mode = "L" if len(self.labels) <= 256 else "I;16"
+        image = Image.fromarray(classes.astype(np.uint8 if mode == "L" else np.uint16), mode=mode)
+        return np.asarray(image.resize(size, Image.Resampling.NEAREST))
+
+    @staticmethod
+    def png(mask: np.ndarray) -> bytes:
+        buffer = io.BytesIO()
+        Image.fromarray(mask).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    def summary(self, mask: np.ndarray) -> dict[str, Any]:
+        indices, counts = np.unique(mask, return_counts=True)
+        order = np.argsort(-counts, kind="stable")
+        return {
+            "width": int(mask.shape[1]),
+            "height": int(mask.shape[0]),
+            "classes": [
+                {"label": self.labels[int(indices[k])], "index": int(indices[k]), "share": float(counts[k] / mask.size)}
+                for k in order
+            ],
+        }
+
+    @staticmethod
+    def protocol_outputs(masks: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """N masks as one INT32 tensor, padded to the largest with -1."""
+        height, width = max(m.shape[0] for m in masks), max(m.shape[1] for m in masks)
+        classes = np.full((len(masks), height, width), -1, dtype=np.int32)
+        for i, mask in enumerate(masks):
+            classes[i, : mask.shape[0], : mask.shape[1]] = mask
+        return {"classes": classes}

@@ -1,0 +1,135 @@
+"""torchvision segmenters end to end: a DeepLabV3 with its auxiliary classifier trained by a plain DDP script
+(torchrun, 2 gloo processes, tests/fixtures/segmentation_ddp.py), its checkpoint in the layout of torchvision's
+segmentation references exported with no flags and its DDP state_dict with --arch, served, and answering /segment
+and the protocol (tritonclient, BYTES images) as the eager model does, evaluated as the references evaluate."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import torchvision
+import tritonclient.http as triton
+from conftest import ROOT, Server, run
+from PIL import Image
+from sklearn.datasets import load_sample_images
+
+from export.manifest import read_manifest_unchecked
+
+pytestmark = pytest.mark.xdist_group("segmentation")
+ARCH = "deeplabv3_mobilenet_v3_large"
+SIZES = ((400, 267), (300, 450))  # width x height
+MEAN, STD = torch.tensor([0.485, 0.456, 0.406])[:, None, None], torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The DDP run's two files, exported: checkpoint.export (no flags), ddp_state.export (--arch, ONNX only)."""
+    out = tmp_path_factory.mktemp("segmentation")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    done = run([*launcher, str(ROOT / "tests" / "fixtures" / "segmentation_ddp.py"), str(out)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run([sys.executable, "-m", "export", str(out / "checkpoint.pth"), "--no-bento"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    flags = ["--arch", ARCH, "--formats", "onnx", "--no-bento"]
+    done = run([sys.executable, "-m", "export", str(out / "ddp_state.pt"), *flags])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def photos() -> list[bytes]:
+    found = []
+    for k, size in enumerate(SIZES):
+        buffer = io.BytesIO()
+        Image.fromarray(load_sample_images().images[k % 2]).resize(size).save(buffer, format="JPEG", quality=90)
+        found.append(buffer.getvalue())
+    return found
+
+
+@pytest.fixture(scope="module")
+def eager(trained: Path):
+    """The trained model evaluated as torchvision's references evaluate it (shorter side resized to 520 with PIL,
+    normalized, `out`'s best class), the mask mapped back to the photo's size (nearest)."""
+    model = torchvision.models.get_model(ARCH, weights=None, weights_backbone=None, num_classes=3, aux_loss=True)
+    model.load_state_dict(torch.load(trained / "checkpoint.pth", map_location="cpu", weights_only=False)["model"])
+    model.eval()
+
+    def segment(jpeg: bytes) -> np.ndarray:
+        image = Image.open(io.BytesIO(jpeg)).convert("RGB")
+        resized = torchvision.transforms.functional.resize(image, 520)
+        x = (torchvision.transforms.functional.to_tensor(resized) - MEAN) / STD
+        with torch.no_grad():
+            classes = model(x[None])["out"][0].argmax(0).numpy().astype(np.uint8)
+        return np.asarray(Image.fromarray(classes).resize(image.size, Image.Resampling.NEAREST))
+
+    return segment
+
+
+@pytest.fixture(scope="module")
+def server(trained: Path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("segmentation_serve") / "serve.log"
+    with Server(log, HANDOFF_MODEL_DIR=str(trained / "checkpoint.export")) as srv:
+        srv.wait_ready()
+        yield srv
+
+
+def mask_of(server, jpeg: bytes) -> np.ndarray:
+    answer = httpx.post(f"{server.url}/segment", content=jpeg, headers={"Content-Type": "image/jpeg"}, timeout=60)
+    assert answer.status_code == 200 and answer.headers["content-type"] == "image/png", answer.text[:300]
+    return np.asarray(Image.open(io.BytesIO(answer.content)))
+
+
+def test_the_references_checkpoint_exports_with_no_flags(trained: Path):
+    manifest = read_manifest_unchecked(trained / "checkpoint.export")
+    assert manifest["task"] == "semantic-segmentation" and manifest["status"] == "passed"
+    assert manifest["arch"] == ARCH and manifest["labels"] == ["0", "1", "2"]
+    assert manifest["source"]["container"] == "torchvision-reference"
+    assert manifest["segmentation"]["resize"] == 520 and manifest["segmentation"]["interpolation"] == "bilinear"
+    assert {r["artifact"] for r in manifest["parity"]["results"]} == {"model.onnx", "model.pt2", "model.torchscript.pt"}
+    assert all(r["passed"] for r in manifest["parity"]["results"])
+    logits = next(t for t in manifest["signature"]["outputs"] if t["name"] == "logits")
+    assert logits["shape"] == [-1, 3, -1, -1], "H and W follow the image's: -1, not the example's size"
+    state = read_manifest_unchecked(trained / "ddp_state.export")
+    assert state["status"] == "passed" and state["source"]["removed_prefixes"] == ["module."]
+
+
+def test_segment_answers_each_photo_as_the_eager_model(server, eager, photos: list[bytes]):
+    for jpeg in photos:
+        served, expected = mask_of(server, jpeg), eager(jpeg)
+        assert served.shape == expected.shape == Image.open(io.BytesIO(jpeg)).size[::-1]
+        assert (served == expected).mean() >= 0.999, "each pixel's class as eager's (near ties aside)"
+        summary = httpx.post(f"{server.url}/segment?format=json", files={"image": ("p.jpg", jpeg)}, timeout=60).json()
+        indices, counts = np.unique(served, return_counts=True)
+        assert {c["index"]: c["share"] for c in summary["classes"]} == pytest.approx(
+            dict(zip(indices.tolist(), (counts / served.size).tolist(), strict=True))
+        )
+        assert (summary["width"], summary["height"]) == Image.open(io.BytesIO(jpeg)).size
+
+
+def test_the_protocol_answers_each_pixels_class_padded_to_the_largest(server, photos: list[bytes]):
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    images = triton.InferInput("image", [len(photos), 1], "BYTES")
+    images.set_data_from_numpy(np.array([[jpeg] for jpeg in photos], dtype=object))
+    classes = client.infer("handoff", [images]).as_numpy("classes")
+    assert classes.shape == (2, 450, 400) and classes.dtype == np.int32
+    for i, jpeg in enumerate(photos):
+        mask = mask_of(server, jpeg)
+        height, width = mask.shape
+        assert (classes[i, :height, :width] == mask).all()
+        assert (classes[i, height:, :] == -1).all() and (classes[i, :, width:] == -1).all()
+
+
+def test_a_segmenters_wrong_requests_get_a_4xx_naming_the_problem(server, photos: list[bytes]):
+    jpeg = {"content": photos[0], "headers": {"Content-Type": "image/jpeg"}}
+    answer = httpx.post(f"{server.url}/detect", **jpeg)
+    assert answer.status_code == 404 and "segment" in answer.json()["error"]
+    answer = httpx.post(f"{server.url}/segment?format=gif", **jpeg)
+    assert answer.status_code == 400 and "png or json" in answer.json()["error"]
+    answer = httpx.post(f"{server.url}/classify", **jpeg)
+    assert answer.status_code == 404 and "/segment" in answer.json()["error"]
