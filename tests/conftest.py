@@ -161,6 +161,44 @@ def text_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     return run_dir
 
 
+def _trained_and_exported(shared: Path, name: str, script: str, exports: list[list[str]]) -> Path:
+    """`script` (tests/fixtures) run under torchrun with 2 gloo processes into shared/name, then each of `exports`
+    (python -m export's arguments, the run's folder as {run}); once per run, like `exported`."""
+    run_dir = shared / name
+    with FileLock(str(shared / f"{name}.lock")):
+        done_marker = run_dir / "exported"
+        if not done_marker.is_file():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+            trained = run([*launcher, str(ROOT / "tests" / "fixtures" / script), str(run_dir)])
+            assert trained.returncode == 0, trained.stderr[-3000:]
+            for arguments in exports:
+                done = run([sys.executable, "-m", "export", *(a.format(run=run_dir) for a in arguments), "--no-bento"])
+                assert done.returncode == 0, done.stderr[-3000:]
+            done_marker.touch()
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def detection_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A Faster R-CNN trained by a plain DDP script (tests/fixtures/detection_ddp.py): checkpoint.pth in the
+    detection references' layout exported with no flags (checkpoint.export), ddp_state.pt with --arch."""
+    exports = [["{run}/checkpoint.pth"], ["{run}/ddp_state.pt", "--arch", "fasterrcnn_mobilenet_v3_large_320_fpn"]]
+    return _trained_and_exported(
+        run_wide_folder(tmp_path_factory, worker_id), "detection_run", "detection_ddp.py", exports
+    )
+
+
+@pytest.fixture(scope="session")
+def segmentation_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A DeepLabV3 trained by a plain DDP script (tests/fixtures/segmentation_ddp.py): checkpoint.pth in the
+    segmentation references' layout exported with no flags, ddp_state.pt with --arch (ONNX only)."""
+    arch = ["--arch", "deeplabv3_mobilenet_v3_large", "--formats", "onnx"]
+    exports = [["{run}/checkpoint.pth"], ["{run}/ddp_state.pt", *arch]]
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    return _trained_and_exported(shared, "segmentation_run", "segmentation_ddp.py", exports)
+
+
 @pytest.fixture(scope="session")
 def eager(exported: Path):
     """The eager model behind the export, with its torchvision evaluation transform."""

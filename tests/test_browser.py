@@ -125,3 +125,52 @@ def test_page_classifies_a_sentence_for_a_text_model(browser, text_run, tmp_path
         model_line = browser.find_element(By.ID, "model").text
     assert shown == [p["label"] for p in expected]
     assert "DistilBertForSequenceClassification" in model_line and "2 labels" in model_line, model_line
+
+
+def page_with_photo(browser, export: Path, tmp_path: Path, route: str) -> tuple[list[list[str]], dict, dict, str]:
+    """The page for `export` given a photo: the rows it lists (label, value), the canvas's size, the service's own
+    answer on `route` for the same photo, and the model line."""
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from sklearn.datasets import load_sample_images
+
+    photo = tmp_path / "photo.jpg"
+    Image.fromarray(load_sample_images().images[0]).resize((400, 267)).save(photo, format="JPEG", quality=90)
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(export)) as srv:
+        srv.wait_ready()
+        headers = {"Content-Type": "image/jpeg"}
+        expected = httpx.post(f"{srv.url}{route}", content=photo.read_bytes(), headers=headers, timeout=60).json()
+        browser.get(srv.url + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda d: d.find_element(By.ID, "model").get_attribute("data-ready") == "true")
+        browser.find_element(By.ID, "file").send_keys(str(photo))
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") in ("done", "error"))
+        assert browser.find_element(By.ID, "error").text == ""
+        canvas = browser.find_element(By.ID, "drawing")
+        assert canvas.is_displayed()
+        size = {k: int(canvas.get_attribute(k)) for k in ("width", "height")}
+        rows = [
+            [row.find_element(By.CLASS_NAME, "label").text, row.find_element(By.CLASS_NAME, "p").text]
+            for row in browser.find_elements(By.CSS_SELECTOR, "tr.prediction")
+        ]
+        browser.save_screenshot(str(tmp_path / "page.png"))  # a test artifact, outside the tree
+        return rows, size, expected, browser.find_element(By.ID, "model").text
+
+
+def test_page_draws_a_detectors_boxes_over_the_photo(browser, detection_run, tmp_path):
+    rows, size, expected, model_line = page_with_photo(
+        browser, detection_run / "checkpoint.export", tmp_path, "/detect"
+    )
+    assert size == {"width": 400, "height": 267}
+    shown = expected["detections"][:20]  # the page draws the 20 best
+    assert rows == [[d["label"], f"{100 * d['score']:.1f}%"] for d in shown]
+    assert "a detector, 3 classes" in model_line, model_line
+
+
+def test_page_paints_a_segmenters_mask_over_the_photo(browser, segmentation_run, tmp_path):
+    export = segmentation_run / "checkpoint.export"
+    rows, size, summary, model_line = page_with_photo(browser, export, tmp_path, "/segment?format=json")
+    assert size == {"width": 400, "height": 267}
+    assert rows == [[c["label"], f"{100 * c['share']:.1f}%"] for c in summary["classes"]]
+    assert "a segmenter, 3 classes" in model_line, model_line

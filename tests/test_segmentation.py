@@ -6,7 +6,6 @@ and the protocol (tritonclient, BYTES images) as the eager model does, evaluated
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,7 @@ import pytest
 import torch
 import torchvision
 import tritonclient.http as triton
-from conftest import ROOT, Server, run
+from conftest import Server
 from PIL import Image
 from sklearn.datasets import load_sample_images
 
@@ -28,18 +27,8 @@ MEAN, STD = torch.tensor([0.485, 0.456, 0.406])[:, None, None], torch.tensor([0.
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """The DDP run's two files, exported: checkpoint.export (no flags), ddp_state.export (--arch, ONNX only)."""
-    out = tmp_path_factory.mktemp("segmentation")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    done = run([*launcher, str(ROOT / "tests" / "fixtures" / "segmentation_ddp.py"), str(out)])
-    assert done.returncode == 0, done.stderr[-3000:]
-    done = run([sys.executable, "-m", "export", str(out / "checkpoint.pth"), "--no-bento"])
-    assert done.returncode == 0, done.stderr[-3000:]
-    flags = ["--arch", ARCH, "--formats", "onnx", "--no-bento"]
-    done = run([sys.executable, "-m", "export", str(out / "ddp_state.pt"), *flags])
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+def trained(segmentation_run: Path) -> Path:
+    return segmentation_run
 
 
 @pytest.fixture(scope="module")
