@@ -208,7 +208,12 @@ def compare_detections(
                 reason = f"{x.shape[2]} x {x.shape[3]}: {found.reason}"
         share = matched / total if total else 1.0
         if reason is None and total and unmatched / total > 1 - MIN_MATCHED_SHARE:
-            reason = f"{unmatched} of {total} detections unmatched, more than {100 * (1 - MIN_MATCHED_SHARE):g}%"
+            alike = len({round(float(v), 4) for e in eager for v in e.scores}) == 1
+            reason = (
+                f"{unmatched} detections unmatched (either side) against the eager model's {total}, more than "
+                f"{100 * (1 - MIN_MATCHED_SHARE):g}%"
+                + ("; it scores every one alike: untrained weights?" if alike else "")
+            )
         results.append(
             Comparison(ONNX, "onnxruntime", provider, kind, worst_box, worst_score, share, reason is None, reason)
         )

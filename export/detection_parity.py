@@ -12,8 +12,8 @@ boxes, and the last digits decide which).
 What is left may still differ in the tail: a model with little training scores many of its region proposals
 alike, and which of near-equal proposals the RPN keeps (its top-n) changes what the second stage finds there
 (fasterrcnn_mobilenet_v3_large_320_fpn after 6 steps: 98% of 400 detections matched, the rest past the 80th
-place of 100). So the check asks that each image's TOP_MATCHED best detections all match, and MIN_MATCHED_SHARE
-of all of them. Plain NumPy: no torch.
+place of 100). So the check asks that each image's TOP_MATCHED best detections all match (less any tied with the
+next one), and MIN_MATCHED_SHARE of all of them. Plain NumPy: no torch.
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def match_detections(
 ) -> Matched:
     """How `other` compares with `reference` (the module's rule)."""
     order = np.argsort(-reference.scores, kind="stable")
-    best = {int(i) for i in order[:TOP_MATCHED]}
+    # the best, less any tied with the first one past them (a tie's order is not the model's)
+    below = float(reference.scores[order[TOP_MATCHED]]) if len(order) > TOP_MATCHED else -1.0
+    best = {int(i) for i in order[:TOP_MATCHED] if reference.scores[i] > below + SCORE_TOLERANCE}
     taken = np.zeros(len(other.scores), dtype=bool)
     cut = score_threshold
     if len(reference.scores) >= detections_per_image and len(reference.scores):
@@ -90,7 +92,7 @@ def match_detections(
         if i in best and reason is None:
             reason = _described(reference, i, f"among the {TOP_MATCHED} best, not found")
     extra = [int(j) for j in np.flatnonzero(~taken) if other.scores[j] > cut + SCORE_TOLERANCE]
-    if extra and reason is None and other.scores[extra[0]] >= _nth_best(reference.scores, TOP_MATCHED):
+    if extra and reason is None and other.scores[extra[0]] > below + SCORE_TOLERANCE:
         reason = _described(other, extra[0], f"among the {TOP_MATCHED} best, found only by the artifact")
     return Matched(matched, len(order), unmatched + len(extra), worst_box, worst_score, reason)
 
@@ -106,10 +108,6 @@ def _swap(reference: Detections, i: int, other: Detections, taken: np.ndarray, n
     if swap.any():
         taken[int(np.flatnonzero(swap)[0])] = True
     return bool(swap.any())
-
-
-def _nth_best(scores: np.ndarray, n: int) -> float:
-    return float(np.sort(scores)[::-1][min(n, len(scores)) - 1]) if len(scores) else 0.0
 
 
 def _described(detections: Detections, i: int, what: str) -> str:

@@ -66,3 +66,10 @@ def test_a_difference_past_the_best_is_counted_not_failed():
     other = many[:-1] + [(900, 900, 950, 950, 0.9 - 0.01 * (TOP_MATCHED + 4), 1)]
     found = check(detections(*other), detections(*many))
     assert found.reason is None and found.unmatched == 2  # the last one missing, another found in its place
+
+
+def test_detections_all_scored_alike_have_no_best_and_are_judged_by_their_share():
+    tied = [(k * 30, 0, k * 30 + 20, 20, 0.2, 1) for k in range(TOP_MATCHED + 5)]
+    others = [(k * 30 + 500, 0, k * 30 + 520, 20, 0.2, 1) for k in range(TOP_MATCHED + 5)]
+    found = check(detections(*others), detections(*tied))
+    assert found.reason is None and found.matched == 0 and found.unmatched == 2 * len(tied)
