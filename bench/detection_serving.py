@@ -1,0 +1,193 @@
+"""Served detection against the in-process limit for the same images, side by side.
+
+    python bench/detection_serving.py [--device cpu|cuda] [--seconds 8] [--rounds 3] [--client wrk|httpx]
+        [--arch fasterrcnn_mobilenet_v3_large_320_fpn] [--export DIR]
+
+Model: a torchvision detector (default fasterrcnn_mobilenet_v3_large_320_fpn, 3 classes, random weights from seed
+0), its state_dict exported by `python -m export --arch` (or --export DIR: any detector or segmenter export).
+Images: bench/workload.py's 32 views of scikit-learn's photos, 400 x 300 JPEGs, one per request, as the body.
+Sides, each given the whole machine in turn:
+- limit: no HTTP: the service's own decoding (serve/detection.py's Detector.prepare, or the segmenter's) and the
+  ONNX Runtime session with the service's settings, one image per call as the service runs them; the faster of
+  serial (decode, then run) and overlapped (a thread per core decodes the next images while the model runs);
+- ours: `bentoml serve` with serve/service.py, `POST /detect` (or /segment) with the JPEG as the body.
+Goal (issue 44): ours at c=64 at least 0.8 x the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.checks import assert_provider  # noqa: E402
+from bench.load import Upload, load_levels, wrk_available  # noqa: E402
+from bench.results import median_of_rounds, write_result  # noqa: E402
+from bench.serve_throughput import served_provider  # noqa: E402
+from bench.workload import make_jpegs  # noqa: E402
+from export.manifest import read_manifest_unchecked  # noqa: E402
+from export.signature import TASK_OBJECT_DETECTION  # noqa: E402
+from harness.server import BentoServer  # noqa: E402
+from serve.config import usable_cores  # noqa: E402
+from serve.detection import Detector  # noqa: E402
+from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+from serve.segmentation import Segmenter  # noqa: E402
+
+CONCURRENCY = (1, 64)
+GOAL = "ours >= 0.8 x limit at c=64"
+
+
+def make_model(folder: Path, arch: str, *export_flags: str) -> Path:
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    weights = folder / f"{arch}.pt"
+    torch.save(
+        torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=3).state_dict(), weights
+    )
+    out = folder / f"{arch}.export"
+    command = [sys.executable, "-m", "export", str(weights), "--arch", arch, "--formats", "onnx", "--out", str(out)]
+    done = subprocess.run([*command, "--no-bento", *export_flags], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"python -m export {weights} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return out
+
+
+class InProcessImages:
+    """The export's task model (its decoding) and ONNX session, loaded the way the service loads them."""
+
+    def __init__(self, folder: Path, device: str) -> None:
+        import onnxruntime as ort
+
+        manifest = read_manifest_unchecked(folder)
+        self.route = "/detect" if manifest["task"] == TASK_OBJECT_DETECTION else "/segment"
+        self.task = Detector(manifest, 10**8) if self.route == "/detect" else Segmenter(manifest, 10**8)
+        self.session = ort.InferenceSession(
+            str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device)
+        )
+        assert_provider("limit", self.session.get_providers(), device)
+        self.pool = ThreadPoolExecutor(usable_cores())
+
+    def prepare(self, jpeg: bytes) -> dict[str, Any]:
+        prepared = self.task.prepare(jpeg)
+        return prepared[0] if isinstance(prepared, tuple) else prepared
+
+    def serial(self, jpegs: list[bytes]) -> None:
+        for jpeg in jpegs:
+            self.session.run(None, self.prepare(jpeg))
+
+    def overlapped(self, jpegs: list[bytes]) -> None:
+        for rows in self.pool.map(self.prepare, jpegs):  # decodes run ahead on the pool while each image runs
+            self.session.run(None, rows)
+
+
+def _rate(run: Any, jpegs: list[bytes], count: int) -> dict[str, float]:
+    images = [jpegs[i % len(jpegs)] for i in range(count)]
+    run(images[:2])  # warm
+    wall, cpu = time.perf_counter(), time.process_time()
+    run(images)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"images_per_s": count / wall, "cpu_ms_per_image": 1000 * cpu / count}
+
+
+def limit_round(model: InProcessImages, jpegs: list[bytes], seconds: float) -> dict[str, Any]:
+    """Both arrangements on 16 images, the faster timed again for `seconds`, and one image alone."""
+    arrangements = {"serial": model.serial, "overlapped": model.overlapped}
+    swept = {name: _rate(run, jpegs, 16) for name, run in arrangements.items()}
+    best = max(swept, key=lambda name: swept[name]["images_per_s"])
+    limit = _rate(arrangements[best], jpegs, max(16, int(swept[best]["images_per_s"] * seconds)))
+    single = []
+    for i in range(10):
+        started = time.perf_counter()
+        model.serial([jpegs[i % len(jpegs)]])
+        single.append(time.perf_counter() - started)
+    return {**limit, "best": best, "single_image_ms": 1000 * statistics.median(single)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--seconds", type=float, default=8.0, help="load per concurrency level and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
+    p.add_argument("--arch", default="fasterrcnn_mobilenet_v3_large_320_fpn", help="the detector to export")
+    p.add_argument("--export", type=Path, help="serve this detector or segmenter export instead")
+    p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="detection-bench-"))
+    folder = args.export.resolve() if args.export else make_model(work, args.arch)
+    jpegs = make_jpegs()
+    model = InProcessImages(folder, args.device)
+    requests = [Upload(model.route, {"Content-Type": "image/jpeg"}, jpeg) for jpeg in jpegs]
+    rounds: list[dict[str, Any]] = []
+    for round_ in range(args.rounds):
+        this_round: dict[str, Any] = {"limit": limit_round(model, jpegs, args.seconds)}
+        env = {"HANDOFF_MODEL_DIR": str(folder), "HANDOFF_DEVICE": args.device}
+        with BentoServer(work / f"ours{round_}.log", **env) as server:
+            ready = server.wait_ready()
+            assert_provider("ours", [served_provider("ours", server)], args.device)
+            levels = load_levels(args.client, server.url, server.proc.pid, requests, CONCURRENCY, args.seconds)
+            this_round["ours"] = {"ready_s": ready, **levels}
+        rounds.append(this_round)
+        print(
+            f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.2f} images/s "
+            f"({this_round['limit']['best']}), ours c=64 {this_round['ours']['64']['images_per_s']:.2f}"
+        )
+    median = median_of_rounds(rounds)
+    limit = median["limit"]
+    ratios = {
+        f"ours_over_limit_c{c}": median["ours"][str(c)]["images_per_s"] / limit["images_per_s"] for c in CONCURRENCY
+    }
+    print(
+        f"limit (in-process, median of {args.rounds} rounds): {limit['images_per_s']:.2f} images/s; "
+        f"one image {limit['single_image_ms']:.1f} ms"
+    )
+    for c in map(str, CONCURRENCY):
+        r = median["ours"][c]
+        print(
+            f"ours c={c:<3} {r['images_per_s']:6.2f} images/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
+            f"server CPU {r['server_cpu_ms_per_image']:6.1f} ms/image  errors {r['errors']:.0f}"
+        )
+    for key, value in ratios.items():
+        print(f"  {key:<22} {value:5.2f} x")
+    by_round = [r["ours"]["64"]["images_per_s"] / r["limit"]["images_per_s"] for r in rounds]
+    goal = ratios["ours_over_limit_c64"] >= 0.8
+    print(f"goal: {GOAL}: {'met' if goal else 'NOT met'} (round by round: {' '.join(f'{v:.2f}' for v in by_round)})")
+    write_result(
+        f"detection_serving_{args.device}",
+        folder=args.results_dir,
+        figures={
+            "device": args.device,
+            "rounds": args.rounds,
+            "limit": limit,
+            "services": {"ours": median["ours"]},
+            "per_round": rounds,
+            "ratios": ratios,
+            "seconds": {
+                "limit_one_image": limit["single_image_ms"] / 1000,
+                "ours_p50_c1": median["ours"]["1"]["p50_ms"] / 1000,
+            },
+            "figures": {
+                "client": args.client,
+                "model": read_manifest_unchecked(folder)["arch"],
+                "images": "32 views of scikit-learn's photos, 400 x 300 JPEG",
+                "ours c=64 / the same round's limit, round by round": " ".join(f"{v:.2f}" for v in by_round),
+            },
+            "goal": GOAL,
+            "goal_met": goal,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
