@@ -19,6 +19,7 @@ STEPS = [
     "TensorRT execution provider",
     "any model (a text classifier) exported and served on the device",
     "a Hugging Face text classifier exported, served and measured on the device",
+    "a detector and a segmenter exported, served and measured on the device",
 ]
 
 
@@ -61,4 +62,7 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     hf = steps["a Hugging Face text classifier exported, served and measured on the device"]
     assert hf["parity"] == {"model.onnx": True} and hf["max_abs_difference"] <= 1e-3
     assert set(hf["ours"]) == {"1", "64"} and all(r["errors"] == 0 for r in hf["ours"].values())
+    images = steps["a detector and a segmenter exported, served and measured on the device"]
+    detector, segmenter = images["fasterrcnn_mobilenet_v3_large_320_fpn"], images["lraspp_mobilenet_v3_large"]
+    assert detector["parity"] and detector["matched"] > 0 and segmenter["pixels_equal"] >= 0.999
     assert (out / "gpu_check.log").read_text().count("===") == 2 * len(STEPS)
