@@ -422,7 +422,7 @@ def main() -> int:
     )
     report.run(
         "a detector and a segmenter exported, served and measured on the device",
-        lambda: images_on_device(args.out, device, text_seconds, text_rounds),
+        lambda: images_on_device(args.out, device, text_seconds, text_rounds, args.dry_run_cpu),
     )
     passed = all(s.ok for s in report.steps)
     print(f"gpu_check: {sum(s.ok for s in report.steps)}/{len(report.steps)} steps passed; {report.path}")

@@ -100,7 +100,8 @@ def _segmenter_agrees(folder: Path, url: str, jpeg: bytes) -> dict[str, Any]:
     return {"pixels_equal": same}
 
 
-def images_on_device(out: Path, device: str, seconds: float, rounds: int) -> dict[str, Any]:
+def images_on_device(out: Path, device: str, seconds: float, rounds: int, dry_run: bool) -> dict[str, Any]:
+    """`dry_run`: each benchmark window --seconds long, not stretched to the queue's drain (a check that it runs)."""
     jpeg = _photo()
     details: dict[str, Any] = {}
     for arch, check in ((DETECTOR, _detector_agrees), (SEGMENTER, _segmenter_agrees)):
@@ -113,10 +114,12 @@ def images_on_device(out: Path, device: str, seconds: float, rounds: int) -> dic
             agreed = check(folder, server.url, jpeg)
         bench = [sys.executable, "bench/detection_serving.py", "--device", device, "--export", str(folder)]
         bench += ["--seconds", str(seconds), "--rounds", str(rounds), "--results-dir", str(out / arch)]
+        bench += ["--drains", "0"] if dry_run else []
         done = subprocess.run(bench, cwd=ROOT, capture_output=True, text=True, timeout=900)
         (out / f"{arch}_bench.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
             raise RuntimeError(f"bench/detection_serving.py failed ({done.returncode}): {done.stderr[-500:]}")
-        result = json.loads((out / arch / f"detection_serving_{device}.json").read_text())
+        task = "detection" if arch == DETECTOR else "segmentation"
+        result = json.loads((out / arch / f"{task}_serving_{device}.json").read_text())
         details[arch] = {"parity": parity["pass"], **agreed, "ratios": result["ratios"]}
     return details
