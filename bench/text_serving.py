@@ -43,6 +43,7 @@ from bench.serve_throughput import served_provider  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
+from harness.tiny_text import wordpiece_tokenizer  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
 from serve.text import PaddedSequences  # noqa: E402
 
@@ -75,27 +76,9 @@ def make_model(folder: Path, *export_flags: str) -> Path:
     would; the folder's name is `distilbert`, its export's `distilbert.export`."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
     torch.manual_seed(0)
-    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
-    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    backend.train_from_iterator(zen_words(), trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
-    cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        model_max_length=128,
-    )
+    tokenizer = wordpiece_tokenizer(zen_words(), vocab_size=400, max_length=128)
     # num_labels, id2label and label2id are PretrainedConfig's keyword arguments, which its stubs do not declare
     config = transformers.DistilBertConfig(  # type: ignore[call-arg]
         vocab_size=len(tokenizer),

@@ -123,6 +123,22 @@ def classes_in_heads(
     raise ValueError(f"cannot tell the number of classes: no class head of {arch} found in the checkpoint")
 
 
+def load_by_heads(
+    make: Callable[[int], nn.Module], src: Source, arch: str, labels: list[str] | None, timings: dict[str, float]
+) -> tuple[nn.Module, Unwrapped, list[str]]:
+    """A detector or segmenter built by `make(num_classes)` with the checkpoint's weights (strictly, wrapper
+    prefixes removed), in eval mode, and its class names (`labels`, --labels, else the indices)."""
+    from export.steps import timed
+
+    with timed(timings, "load"):
+        num_classes, unwrapped = classes_in_heads(make, src.state_dict, arch)
+        model = make(num_classes)
+        strict_load(model, unwrapped.state_dict, arch)
+    if labels is not None and len(labels) != num_classes:
+        raise ValueError(f"--labels lists {len(labels)} names but {arch} has {num_classes} classes (background first)")
+    return model.float().eval(), unwrapped, labels or [str(i) for i in range(num_classes)]
+
+
 def _image_size(src: Source, flag: int | None) -> int | None:
     """--image-size, unless it contradicts the size the checkpoint was trained at: then refuse."""
     recorded = (src.meta or {}).get("image_size") or src.preprocess_hints.get("image_size")

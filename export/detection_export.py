@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from export.architecture import classes_in_heads
+from export.architecture import load_by_heads
 from export.classifier_export import EXIT_OK, EXIT_PARITY
 from export.detection_parity import (
     BOX_TOLERANCE_PX,
@@ -43,7 +43,6 @@ from export.signature import TASK_OBJECT_DETECTION, Signature, TensorSpec
 from export.sources import Source
 from export.steps import library_versions, timed
 from export.tensor_export import refuse_classifier_flags
-from export.unwrap import strict_load
 
 log = logging.getLogger("export")
 
@@ -135,29 +134,21 @@ def detection_job(
     """`labels`: --labels, one name per class index (index 0 is torchvision's background)."""
     refuse_classifier_flags(args, "a detector", allowed=("arch", "labels"))
     hints = src.preprocess_hints
-    with timed(timings, "load"):
-        num_classes, unwrapped = classes_in_heads(lambda n: _build(arch, n, hints), src.state_dict, arch)
-        model = _build(arch, num_classes, hints)
-        strict_load(model, unwrapped.state_dict, arch)
-    model = model.float().eval()
+    model, unwrapped, labels = load_by_heads(lambda n: _build(arch, n, hints), src, arch, labels, timings)
     log_loading(src, unwrapped)
-    if labels is not None and len(labels) != num_classes:
-        raise ValueError(
-            f"--labels lists {len(labels)} names but the detector has {num_classes} classes (background first)"
-        )
     settings = detection_settings(model)
     manifest = new_tensor_manifest(
         arch, detection_signature(), {"image": [2, 3]}, source_fields(checkpoint, src, unwrapped), timings
     )
     manifest |= {
         "task": TASK_OBJECT_DETECTION,
-        "labels": labels or [str(i) for i in range(num_classes)],
+        "labels": labels,
         "detection": settings,
     }
     return Job(
         manifest,
         lambda out: write_detection_export(DetectionGraph(model).eval(), device, manifest, out),
-        f"{arch} ({num_classes} classes, background included)",
+        f"{arch} ({len(labels)} classes, background included)",
     )
 
 

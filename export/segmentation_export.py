@@ -22,16 +22,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from export.architecture import classes_in_heads
+from export.architecture import load_by_heads
 from export.classifier_export import tolerance_of
 from export.job import Job, log_loading, source_fields
 from export.manifest import new_tensor_manifest
 from export.signature import TASK_SEMANTIC_SEGMENTATION
 from export.sources import Source
-from export.steps import timed
 from export.tensor_export import refuse_classifier_flags, write_tensor_export
 from export.tensor_model import Example, describe
-from export.unwrap import strict_load
 
 EVAL_SIZE = 520  # references/segmentation/presets.py: SegmentationPresetEval(base_size=520)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -94,14 +92,8 @@ def segmentation_job(
     """`labels`: --labels, one name per class index (index 0 is the references' background)."""
     refuse_classifier_flags(args, "a segmenter", allowed=("arch", "labels"))
     aux_loss = bool(src.preprocess_hints.get("aux_loss")) or any("aux_classifier." in k for k in src.state_dict)
-    with timed(timings, "load"):
-        num_classes, unwrapped = classes_in_heads(lambda n: _build(arch, n, aux_loss), src.state_dict, arch)
-        model = _build(arch, num_classes, aux_loss)
-        strict_load(model, unwrapped.state_dict, arch)
-    model = model.float().eval()
+    model, unwrapped, labels = load_by_heads(lambda n: _build(arch, n, aux_loss), src, arch, labels, timings)
     log_loading(src, unwrapped)
-    if labels is not None and len(labels) != num_classes:
-        raise ValueError(f"--labels lists {len(labels)} names but the segmenter has {num_classes} classes")
     example = example_images()
     dynamic: dict[str, tuple[int, ...]] = {"image": (2, 3)}
     signature, wrapped = describe(SegmentationGraph(model).eval(), example, dynamic)
@@ -110,12 +102,12 @@ def segmentation_job(
     settings: dict[str, Any] = {"resize": EVAL_SIZE, "interpolation": "bilinear", "mean": MEAN, "std": STD}
     manifest |= {
         "task": TASK_SEMANTIC_SEGMENTATION,
-        "labels": labels or [str(i) for i in range(num_classes)],
+        "labels": labels,
         "segmentation": settings,
     }
     tolerance = tolerance_of(args)
     return Job(
         manifest,
         lambda out: write_tensor_export(wrapped, example, dynamic, formats, device, tolerance, manifest, out),
-        f"{arch} ({num_classes} classes{', with its aux classifier' if aux_loss else ''})",
+        f"{arch} ({len(labels)} classes{', with its aux classifier' if aux_loss else ''})",
     )

@@ -30,6 +30,11 @@ TEXT_BODY = {
     "required": ["text"],
     "additionalProperties": False,
 }
+# /detect's and /segment's bodies: the form's one file, or the image itself
+IMAGE_REQUEST = {
+    MULTIPART: {"schema": {"type": "object", "properties": {"image": BINARY}, "required": ["image"]}},
+    **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES},
+}
 PREDICT_BODY = {
     "type": "object",
     "description": 'a classifier\'s {"tensor": N x C x H x W nested lists}, '
@@ -99,10 +104,7 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             "`image`, or the image as the body)",
             FRONT_DOOR,
             BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), detect, DETECT_FIELDS),
-            request={
-                MULTIPART: {"schema": {"type": "object", "properties": {"image": BINARY}, "required": ["image"]}},
-                **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES},
-            },
+            request=IMAGE_REQUEST,
             errors=(400, 404, 408, 413, 415, 429, 503),
         ),
         Endpoint(
@@ -112,10 +114,7 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             "classes present and their share): an image (a multipart form with `image`, or the image as the body)",
             FRONT_DOOR,
             BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), segment, DETECT_FIELDS),
-            request={
-                MULTIPART: {"schema": {"type": "object", "properties": {"image": BINARY}, "required": ["image"]}},
-                **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES},
-            },
+            request=IMAGE_REQUEST,
             query=({"name": "format", "in": "query", "required": False, "schema": {"enum": ["png", "json"]}},),
             answer=("image/png", {}),
             errors=(400, 404, 408, 413, 415, 429, 503),

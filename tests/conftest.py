@@ -161,6 +161,18 @@ def text_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     return run_dir
 
 
+def photo_jpegs(sizes: tuple[tuple[int, int], ...]) -> list[bytes]:
+    """scikit-learn's two photos, in turn, resized to each (width, height) of `sizes`, as JPEG (quality 90)."""
+    from sklearn.datasets import load_sample_images
+
+    found = []
+    for k, size in enumerate(sizes):
+        buffer = io.BytesIO()
+        Image.fromarray(load_sample_images().images[k % 2]).resize(size).save(buffer, format="JPEG", quality=90)
+        found.append(buffer.getvalue())
+    return found
+
+
 def _trained_and_exported(shared: Path, name: str, script: str, exports: list[list[str]]) -> Path:
     """`script` (tests/fixtures) run under torchrun with 2 gloo processes into shared/name, then each of `exports`
     (python -m export's arguments, the run's folder as {run}); once per run, like `exported`."""

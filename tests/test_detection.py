@@ -16,9 +16,8 @@ import pytest
 import torch
 import torchvision
 import tritonclient.http as triton
-from conftest import Server, run
+from conftest import Server, photo_jpegs, run
 from PIL import Image
-from sklearn.datasets import load_sample_images
 
 from export.detection_parity import Detections, match_detections
 from export.manifest import read_manifest_unchecked
@@ -35,13 +34,7 @@ def trained(detection_run: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def photos() -> list[bytes]:
-    """JPEGs of scikit-learn's two photos at SIZES."""
-    found = []
-    for k, size in enumerate(SIZES):
-        buffer = io.BytesIO()
-        Image.fromarray(load_sample_images().images[k % 2]).resize(size).save(buffer, format="JPEG", quality=90)
-        found.append(buffer.getvalue())
-    return found
+    return photo_jpegs(SIZES)
 
 
 @pytest.fixture(scope="module")

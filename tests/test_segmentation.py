@@ -14,9 +14,8 @@ import pytest
 import torch
 import torchvision
 import tritonclient.http as triton
-from conftest import Server
+from conftest import Server, photo_jpegs
 from PIL import Image
-from sklearn.datasets import load_sample_images
 
 from export.manifest import read_manifest_unchecked
 
@@ -33,12 +32,7 @@ def trained(segmentation_run: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def photos() -> list[bytes]:
-    found = []
-    for k, size in enumerate(SIZES):
-        buffer = io.BytesIO()
-        Image.fromarray(load_sample_images().images[k % 2]).resize(size).save(buffer, format="JPEG", quality=90)
-        found.append(buffer.getvalue())
-    return found
+    return photo_jpegs(SIZES)
 
 
 @pytest.fixture(scope="module")

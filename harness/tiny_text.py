@@ -1,0 +1,31 @@
+"""A WordPiece tokenizer trained on the spot, the way a BERT-style model's is made, for the tests' and benchmarks'
+Hugging Face models (nothing is downloaded): `[CLS] text [SEP]`, lowercased, BERT's pre-tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Any:
+    """A transformers fast tokenizer over a WordPiece vocabulary of at most `vocab_size` learnt from `texts`."""
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    backend.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=max_length,
+    )
