@@ -1,13 +1,15 @@
 """What the front door hands the bodies of handoff's own endpoints to: POST /classify (a multipart form or a
-raw image) and POST /predict (JSON), each answered with JSON or a 4xx naming the problem, logged as one line.
+raw image), POST /detect and /segment (an image) and POST /predict (JSON), each answered with JSON (or a
+segmenter's PNG) or a 4xx naming the problem, logged as one line.
 
-The Open Inference Protocol's infer has its own, in serve/oip.py; both call the service instance's methods.
+The Open Inference Protocol's infer has its own, in serve/oip_infer.py; both call the service instance's methods.
 """
 
 from __future__ import annotations
 
 import logging
 import typing
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
@@ -19,6 +21,7 @@ from serve.form import MAX_DIGITS, small_integer
 from serve.front_door import Scope, Send, send_json
 from serve.logs import CLIENT_ERROR, client_error_args
 from serve.segmentation import SEGMENT_FORMATS
+from train.pil_transform import BadImage
 
 log = logging.getLogger("bentoml.handoff")
 
@@ -64,9 +67,38 @@ async def _classify_answer(image: bytes, params: dict[str, list[str]]) -> dict[s
     return await get_current_service().classify_upload(image, int(values[0]))
 
 
+async def _decoded(service: Any, prepare: Callable[[bytes], Any], upload: bytes) -> Any:
+    """A detector's or segmenter's `prepare` of one upload, in a decoding thread; a bad image is the client's 4xx."""
+    try:
+        return await service.decoders.run(prepare, upload)
+    except BadImage as err:
+        raise RequestError(str(err), status=err.status) from None
+
+
+def _not_this_task(service: Any, route: str, kind: str) -> RequestError:
+    return RequestError(f"{route} is for {kind}; this model's task is {service.task}: see GET /info", 404)
+
+
 async def _detect_answer(image: bytes, params: dict[str, list[str]]) -> dict[str, Any]:
+    """The /detect answer for one image: the multipart form's file, or a raw body's bytes."""
     _only_params(params, set())
-    return await get_current_service().detect_upload(image)
+    service = get_current_service()
+    service.require_ready()
+    if service.detector is None:
+        raise _not_this_task(service, "/detect", "detectors")
+    return service.detector.answer(await service.batched(await _decoded(service, service.detector.prepare, image)))
+
+
+async def _segment_answer(image: bytes, form: str) -> dict[str, Any] | bytes:
+    """The /segment answer for one image: its mask as a PNG (form "png"), or the classes it holds ("json")."""
+    service = get_current_service()
+    service.require_ready()
+    if service.segmenter is None:
+        raise _not_this_task(service, "/segment", "segmenters")
+    rows, size = await _decoded(service, service.segmenter.prepare, image)
+    mask = service.segmenter.mask(await service.batched(rows), size)
+    answer = service.segmenter.summary if form == "json" else service.segmenter.png
+    return await service.decoders.run(answer, mask)  # a PNG of a large mask takes a while to encode
 
 
 async def detect(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:
@@ -83,7 +115,7 @@ async def segment(scope: Scope, body: bytes, params: dict[str, list[str]], send:
         form = (params | query).get("format", ["png"])[-1]
         if form not in SEGMENT_FORMATS:
             raise RequestError(f"format={form[:20]}: must be {' or '.join(SEGMENT_FORMATS)}")
-        answer = await get_current_service().segment_upload(body, form)
+        answer = await _segment_answer(body, form)
     except BentoMLException as err:
         return await send_client_error(scope, send, err.error_code.value, err)
     if isinstance(answer, dict):

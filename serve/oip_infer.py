@@ -41,11 +41,7 @@ async def classifier_infer(service: Any, request: InferRequest, max_rows: int) -
         given = f"got {', '.join(sorted(request.inputs))}"
         raise ProtocolError(f"send one input, 'input' (FP32 [N, ...]) or 'image' (BYTES [N]); {given}")
     if IMAGE_INPUT in request.inputs:
-        files = request.inputs[IMAGE_INPUT]
-        if len(files.shape) not in (1, 2) or files.shape[1:] not in ((), (1,)) or files.datatype != "BYTES":
-            raise ProtocolError(f"input 'image' must be BYTES of shape [N] or [N, 1], got {list(files.shape)}")
-        check_rows(len(files.value), max_rows)
-        batch = await service.decoders.run(service.prepare_files, files.value)
+        batch = await service.decoders.run(service.prepare_files, _image_files(request, max_rows))
     else:
         # The signature's checks: FP64 and FP16 converted (a value past the model's float range refused), integers
         # refused (a model trained on floats given pixel values 0-255 would answer confidently and wrongly);
@@ -56,12 +52,8 @@ async def classifier_infer(service: Any, request: InferRequest, max_rows: int) -
     return select_outputs(request, {name: outputs[name] for name in ("logits", "probabilities")}, service.classes)
 
 
-def _files(request: InferRequest, max_rows: int) -> list[bytes]:
-    """The request's one input, `image`: BYTES [N] or [N, 1] of encoded files, at most `max_rows`."""
-    if IMAGE_INPUT not in request.inputs or len(request.inputs) != 1:
-        raise ProtocolError(
-            f"send one input, 'image' (BYTES [N]: encoded images); got {', '.join(sorted(request.inputs))}"
-        )
+def _image_files(request: InferRequest, max_rows: int) -> list[bytes]:
+    """The request's `image`: BYTES [N] or [N, 1] of encoded files, at most `max_rows`."""
     files = request.inputs[IMAGE_INPUT]
     if len(files.shape) not in (1, 2) or files.shape[1:] not in ((), (1,)) or files.datatype != "BYTES":
         raise ProtocolError(f"input 'image' must be BYTES of shape [N] or [N, 1], got {list(files.shape)}")
@@ -77,7 +69,10 @@ async def image_task_infer(service: Any, request: InferRequest, max_rows: int) -
     running: list[asyncio.Future[Any]] = []
     sizes = []
     try:
-        for index, data in enumerate(_files(request, max_rows)):
+        if IMAGE_INPUT not in request.inputs or len(request.inputs) != 1:
+            given = ", ".join(sorted(request.inputs))
+            raise ProtocolError(f"send one input, 'image' (BYTES [N]: encoded images); got {given}")
+        for index, data in enumerate(_image_files(request, max_rows)):
             try:
                 prepared = await service.decoders.run(task.prepare, data)
             except BadImage as err:

@@ -182,7 +182,7 @@ class HandoffClassifier:
     def __is_ready__(self) -> bool:
         return self.not_ready is None
 
-    def _require_ready(self) -> None:
+    def require_ready(self) -> None:
         if self.not_ready is not None:
             raise RequestError(f"model not ready: {self.not_ready}", status=503)
 
@@ -256,7 +256,7 @@ class HandoffClassifier:
 
     async def classify_upload(self, upload: bytes, top_k: int) -> dict[str, Any]:
         """The /classify answer for one image: the multipart form's file, or a raw body's bytes."""
-        self._require_ready()
+        self.require_ready()
         if self.text is not None:
             raise RequestError('this model classifies text: send {"text": "..."} (application/json) or text/plain', 415)
         if self.detector or self.segmenter:
@@ -275,7 +275,7 @@ class HandoffClassifier:
 
     async def classify_text(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> dict[str, Any]:
         """The /classify answer for a text (JSON or text/plain), tokenized in a thread."""
-        self._require_ready()
+        self.require_ready()
         if self.text is None:
             raise RequestError(
                 f"/classify with {content_type}: this model classifies images, sent as multipart/form-data "
@@ -290,29 +290,6 @@ class HandoffClassifier:
         outputs = await self.batched(encoded.rows)
         return {"predictions": self._predictions(outputs, self.text.labels, top_k), "truncated": encoded.truncated[0]}
 
-    async def detect_upload(self, upload: bytes) -> dict[str, Any]:
-        """The /detect answer for one image: the multipart form's file, or a raw body's bytes."""
-        self._require_ready()
-        if self.detector is None:
-            raise RequestError(f"/detect is for detectors; this model's task is {self.task}: see GET /info", 404)
-        return self.detector.answer(await self.batched(await self._decoded(self.detector.prepare, upload)))
-
-    async def segment_upload(self, upload: bytes, form: str) -> dict[str, Any] | bytes:
-        """The /segment answer for one image: its mask as a PNG (form "png"), or the classes it holds ("json")."""
-        self._require_ready()
-        if self.segmenter is None:
-            raise RequestError(f"/segment is for segmenters; this model's task is {self.task}: see GET /info", 404)
-        rows, size = await self._decoded(self.segmenter.prepare, upload)
-        mask = self.segmenter.mask(await self.batched(rows), size)
-        answer = self.segmenter.summary if form == "json" else self.segmenter.png
-        return await self.decoders.run(answer, mask)
-
-    async def _decoded(self, prepare: Callable[[bytes], Any], upload: bytes) -> Any:
-        try:
-            return await self.decoders.run(prepare, upload)
-        except BadImage as err:
-            raise RequestError(str(err), status=err.status) from None
-
     def _prepare(self, upload: bytes) -> np.ndarray:
         try:
             return self.preprocessor(self.preprocessor.decode(upload, fast=self.fast_decode))
@@ -322,7 +299,7 @@ class HandoffClassifier:
     async def predict_json(self, body: bytes) -> dict[str, Any] | bytes:
         """The /predict answer for a JSON body, parsed and checked in a thread: a classifier's
         `{"tensor": N x C x H x W}`, any model's `{"inputs": {name: nested list}}` -> `{"outputs": {...}}`."""
-        self._require_ready()
+        self.require_ready()
         if self.task == TASK_IMAGE_CLASSIFICATION:
             batch = await self.decoders.run(self._parse_predict, body)
             return await self.predict_rows(batch)
