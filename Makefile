@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NPROC ?= 2
 RUN ?= runs/demo
 
-.PHONY: install lock demo test test-fast lint docs soak bench clean
+.PHONY: install lock demo test test-fast lint docs docs-assets soak bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,15 @@ lint: install
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing page fails.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+# The docs' generated files, from the code that makes them: the page's screenshot (a browser test), the training
+# curves (the 5-epoch run's picture) and the OpenAPI document the live service answers. `make test` writes
+# none of them (it checks the OpenAPI document against the committed one); commit them when they change.
+DOCS_ASSET_TESTS := tests/test_serve.py::test_the_docs_show_the_openapi_document_the_service_serves \
+	tests/test_browser.py::test_page_classifies_an_uploaded_image_like_the_eager_model \
+	tests/test_train.py::test_two_processes_learn_the_digits
+docs-assets: install
+	$(BIN)/python -m pytest -n 0 --docs-assets $(DOCS_ASSET_TESTS)
 
 # The long checks left out of `make test`: 10,000 mixed requests at concurrency 32 against a served model
 # (failures, memory growth, p99; ~3 min) and a SIGKILL during a synchronous save.

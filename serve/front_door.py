@@ -119,7 +119,8 @@ class FrontDoor:
         headers = scope.get("headers") or []
         names = {name for name, _ in headers}
         if b"transfer-encoding" in names and b"content-length" in names:
-            # Two framings: a proxy in front may read the body one way and the server another (smuggling).
+            # Two framings: a proxy in front may read the body one way and the server another (smuggling). llhttp
+            # refuses such a request before it gets here; h11, uvicorn's other parser, does not.
             return await _json_error(
                 send, 400, "the request has both Transfer-Encoding and Content-Length; send one", close=True
             )

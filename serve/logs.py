@@ -1,8 +1,8 @@
-"""What the service's log says about clients: one INFO line per client error, and no value longer than a line
-or breaking one.
+"""What the service's log says about clients: one INFO line per client error (`CLIENT_ERROR`, written by the
+handlers), and no value longer than a line or breaking one.
 
-BentoML logs every exception of an API call at ERROR with its traceback, and its access log prints the raw
-request path: a scanner's 10 KB paths would fill the log. (The access log's line itself: serve/access_log.py.)
+The access log prints the raw request path: a scanner's 10 KB paths would fill the log, and a newline in one
+would forge a line. (The access log's line itself: serve/access_log.py.)
 """
 
 from __future__ import annotations
@@ -29,21 +29,6 @@ def client_error_args(method: object, path: object, status: int, error: BaseExce
     return printable(str(method)), printable(str(path)), status, printable(str(error))
 
 
-class ClientErrorsAtInfo(logging.Filter):
-    """BentoML logs every exception of an API call at ERROR with its traceback; a 4xx is the client's doing,
-    so it becomes one INFO line (what was wrong), and the server's log keeps ERROR for real faults."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        status = getattr(getattr(error, "error_code", None), "value", 500)
-        if record.levelno >= logging.ERROR and error is not None and 400 <= status < 500:
-            path, method = record.args if isinstance(record.args, tuple) and len(record.args) == 2 else ("?", "?")
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg, record.args = CLIENT_ERROR, client_error_args(method, path, status, error)
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
 class ShortValues(logging.Filter):
     """Every string in a log record's arguments (the request path above all) as one short line (`printable`)."""
 
@@ -54,5 +39,4 @@ class ShortValues(logging.Filter):
 
 
 def install_log_filters() -> None:
-    logging.getLogger("bentoml._internal.server.http_app").addFilter(ClientErrorsAtInfo())
     logging.getLogger("bentoml.access").addFilter(ShortValues())

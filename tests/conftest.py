@@ -85,6 +85,26 @@ def deployment_container(documents: list[dict]) -> dict:
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
+# The bounds the attack and load tests hold a served model to come from the deployment the project ships, never
+# from what one machine measured: a probe slower than its timeout restarts the replica, so it is the bound on
+# anything a test calls "at once"; and one client's attack may hold a fortieth of the memory a replica requests.
+def probe_timeout_s() -> float:
+    """deploy/kubernetes.yaml's liveness-probe timeout, in seconds."""
+    return float(deployment_container(kubernetes_documents())["livenessProbe"]["timeoutSeconds"])
+
+
+def replica_memory_mb() -> float:
+    """The memory deploy/kubernetes.yaml requests for a replica, in MB (4 GiB: ~4,295 MB)."""
+    requested = deployment_container(kubernetes_documents())["resources"]["requests"]["memory"]
+    units = {"Mi": 2**20, "Gi": 2**30}
+    return float(requested[:-2]) * units[requested[-2:]] / 1e6
+
+
+def attack_memory_mb() -> float:
+    """A fortieth of the memory a replica requests (~107 MB): what one client's attack may make it hold."""
+    return replica_memory_mb() / 40
+
+
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -97,6 +117,50 @@ def assert_same_tensors(a: dict, b: dict) -> None:
 
 Server = BentoServer  # the tests start the service exactly as `make demo` does
 UNIT = Path(__file__).resolve().parent / "unit"
+_TREE_BEFORE = pytest.StashKey[set[str]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--docs-assets",
+        action="store_true",
+        help="write the docs' generated files (docs/assets/*.png, docs/reference/openapi.json) from this run "
+        "(`make docs-assets`); without it no test writes into the working tree",
+    )
+
+
+@pytest.fixture
+def docs_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Where a test writes what the docs show: docs/ under `--docs-assets`, else a folder of its own."""
+    if request.config.getoption("--docs-assets"):
+        return ROOT / "docs"
+    (tmp_path / "docs" / "assets").mkdir(parents=True)
+    (tmp_path / "docs" / "reference").mkdir()
+    return tmp_path / "docs"
+
+
+def _working_tree() -> set[str]:
+    """`git status` of the checkout: the tracked files changed and the files git does not ignore."""
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+    return set(status.stdout.splitlines()) if status.returncode == 0 else set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_TREE_BEFORE] = _working_tree()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No test writes into the working tree (`make docs-assets` is the one way the docs' files are rewritten):
+    a run that changed a tracked file, or left one git does not ignore, fails and names them."""
+    if hasattr(session.config, "workerinput") or session.config.getoption("--docs-assets"):
+        return  # an xdist worker (the controller checks once), or the run asked to write the docs' files
+    written = _working_tree() - session.config.stash.get(_TREE_BEFORE, set())
+    if written:
+        print(
+            f"\nthe tests wrote into the working tree (or it was edited while they ran): {sorted(written)}",
+            file=sys.stderr,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

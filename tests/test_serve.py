@@ -17,7 +17,16 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, Server, classify, digit_images, eager_top1, missing_cuda_library, png_bytes
+from conftest import (
+    ROOT,
+    Server,
+    classify,
+    digit_images,
+    eager_top1,
+    missing_cuda_library,
+    png_bytes,
+    replica_memory_mb,
+)
 from docs_snippets import run_curl_lines, run_python_block
 from PIL import Image
 
@@ -277,11 +286,15 @@ def test_tracing_spans_only_where_tracing_is_configured(server, exported, tmp_pa
         assert all("trace=" in line for line in access_lines(srv))
 
 
-def test_the_docs_show_the_openapi_document_the_service_serves(server):
-    """docs/http-api.md includes docs/reference/openapi.json: written here from the live service, never by hand."""
+def test_the_docs_show_the_openapi_document_the_service_serves(server, docs_dir):
+    """docs/http-api.md includes docs/reference/openapi.json, the document the live service answers (written by
+    `make docs-assets`, never by hand): a route or schema changed without it fails here."""
     served = httpx.get(f"{server.url}/docs.json", timeout=10).json()
     assert {"/classify", "/predict"} <= set(served["paths"])
-    (ROOT / "docs" / "reference" / "openapi.json").write_text(json.dumps(served, indent=2, sort_keys=True) + "\n")
+    document = json.dumps(served, indent=2, sort_keys=True) + "\n"
+    (docs_dir / "reference" / "openapi.json").write_text(document)
+    tracked = (ROOT / "docs" / "reference" / "openapi.json").read_text()
+    assert tracked == document, "docs/reference/openapi.json is not what the service serves: run make docs-assets"
 
 
 def test_the_serve_pages_commands_run_as_written(server, tmp_path):
@@ -548,9 +561,12 @@ def test_stalled_uploads_do_not_lock_the_service(exported, tmp_path):
     import socket
     import time
 
-    stalled_count = 20
+    stalled_count, body_timeout_s = 20, 3
     with Server(
-        tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported), HANDOFF_MAX_CONCURRENCY="8", HANDOFF_BODY_TIMEOUT_S="3"
+        tmp_path / "serve.log",
+        HANDOFF_MODEL_DIR=str(exported),
+        HANDOFF_MAX_CONCURRENCY="8",
+        HANDOFF_BODY_TIMEOUT_S=str(body_timeout_s),
     ) as srv:
         srv.wait_ready()
         stalled = []
@@ -565,7 +581,7 @@ def test_stalled_uploads_do_not_lock_the_service(exported, tmp_path):
         good = classify(srv.url, png_bytes(digit_images(1)[0][0]))
         assert good.status_code == 200, good.text
         assert httpx.get(f"{srv.url}/info", timeout=10).status_code == 200 and srv.status("/readyz") == 200
-        assert time.monotonic() - started < 3, "answered while the uploads stall, not after they time out"
+        assert time.monotonic() - started < body_timeout_s, "answered while the uploads stall, not after they time out"
         answers = []
         for s in stalled:
             answers.append(s.recv(4096).split(b"\r\n", 1)[0])
@@ -644,4 +660,6 @@ def test_huge_16_bit_uploads_are_decoded_a_few_at_a_time(server):
     growth_mb = (peak[0] - base) / 1e6
     print(f"\n8 concurrent 6300x6300 16-bit PNGs: peak +{growth_mb:.0f} MB")
     assert statuses == [200] * 8
-    assert growth_mb < 1500, f"peak memory grew by {growth_mb:.0f} MB"
+    # Eight legitimate huge uploads at once may take memory, but at most half of what a replica requests (the
+    # rest is the model's and the other clients'): past that, the deployment's node would be overcommitted.
+    assert growth_mb < replica_memory_mb() / 2, f"peak memory grew by {growth_mb:.0f} MB"

@@ -14,12 +14,13 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-from conftest import Server, classify, deployment_container, digit_images, kubernetes_documents, png_bytes
+from conftest import Server, attack_memory_mb, classify, digit_images, eager_top1, png_bytes, probe_timeout_s
 from PIL import Image
 
 pytestmark = pytest.mark.xdist_group("serve_attacks")  # one guarded server, on one worker
 
 KEY = "s3cret"
+HEADER_TIMEOUT_S, IDLE_TIMEOUT_S = 2, 2
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,8 @@ def guarded(exported: Path, tmp_path_factory):
         HANDOFF_MAX_CONCURRENCY="8",
         HANDOFF_BODY_TIMEOUT_S="5",
         HANDOFF_MAX_CONNECTIONS="100",
-        HANDOFF_HEADER_TIMEOUT_S="2",
-        HANDOFF_IDLE_TIMEOUT_S="2",
+        HANDOFF_HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
+        HANDOFF_IDLE_TIMEOUT_S=str(IDLE_TIMEOUT_S),
     )
     srv.wait_ready()
     yield srv
@@ -102,8 +103,8 @@ def test_a_tiny_elongated_image_is_refused_before_the_resize(guarded):
     print(f"\nelongated PNGs ({', '.join(f'{len(d)} B' for d in strips.values())}): peak +{growth:.0f} MB, {answers}")
     for name, (status, error, seconds) in answers.items():
         assert status == 413 and ("longer than it is wide" in error or "resized" in error), (name, error)
-        assert seconds < 2, f"{name}: {seconds:.1f} s"
-    assert growth < 100, f"memory rose {growth:.0f} MB"
+        assert seconds < probe_timeout_s(), f"{name}: {seconds:.1f} s"
+    assert growth < attack_memory_mb(), f"memory rose {growth:.0f} MB"
 
 
 def test_keyless_clients_cannot_lock_uploads_out(guarded):
@@ -132,7 +133,7 @@ def test_keyless_clients_cannot_lock_uploads_out(guarded):
         s.close()
     print(f"\n32 stalled key-less POSTs to open paths (10 of 20 MB): /classify {good.status_code}, +{growth:.0f} MB")
     assert good.status_code == 200, good.text
-    assert growth < 60, f"stalled bodies to paths that take none held {growth:.0f} MB"
+    assert growth < attack_memory_mb(), f"stalled bodies to paths that take none held {growth:.0f} MB"
 
 
 def test_idle_connections_are_capped_timed_out_and_logged(guarded):
@@ -147,12 +148,13 @@ def test_idle_connections_are_capped_timed_out_and_logged(guarded):
     for s in idle:
         s.close()
     print(f"\n400 idle sockets, cap 100: probes and /info answered in {probe_seconds:.2f} s")
-    assert probe_seconds < 3
+    assert probe_seconds < probe_timeout_s()
 
     with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as s:
         opened = time.monotonic()
         assert s.recv(10) == b"", "the server closes a connection that never sends a request"
-        assert 1.5 < time.monotonic() - opened < 5
+        # Not before the idle timeout (less the clock's tick), and not later than a probe may take after it.
+        assert IDLE_TIMEOUT_S - 0.1 < time.monotonic() - opened < IDLE_TIMEOUT_S + probe_timeout_s()
 
     with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as s:
         opened, closed = time.monotonic(), False
@@ -163,14 +165,15 @@ def test_idle_connections_are_capped_timed_out_and_logged(guarded):
                 closed = True
                 break
             time.sleep(0.3)
-            if time.monotonic() - opened > 6:
+            if time.monotonic() - opened > HEADER_TIMEOUT_S + probe_timeout_s():
                 break
         s.settimeout(2)
         try:
             closed = closed or s.recv(10) == b""
         except OSError:
             closed = True
-        assert closed and time.monotonic() - opened < 6, "headers dribbled a byte at a time must be cut off"
+        took = time.monotonic() - opened
+        assert closed and took < HEADER_TIMEOUT_S + probe_timeout_s(), "headers dribbled a byte at a time are cut off"
     assert "at the connection limit" in guarded.log.read_text()
 
 
@@ -204,7 +207,7 @@ def test_large_json_is_bounded_by_the_model_and_parsed_off_the_loop(guarded):
     assert statuses == [200] * 6
     # The bound is the deployment's own: a liveness probe slower than its timeout restarts the replica (parsed on
     # the event loop, six such bodies held /livez for 5.1 s; ~0.1-1.7 s since, on a 2-core machine in CI).
-    assert slowest < deployment_container(kubernetes_documents())["livenessProbe"]["timeoutSeconds"]
+    assert slowest < probe_timeout_s()
 
 
 def test_odd_input_gets_an_answer_at_once_never_a_hang(guarded):
@@ -220,7 +223,7 @@ def test_odd_input_gets_an_answer_at_once_never_a_hang(guarded):
             timeout=30,
         )
         assert response.status_code == 400 and "top_k" in response.json()["error"], response.text
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < probe_timeout_s()
     for body in (b"{not json", b'{"tensor": ' + b"9" * 5000 + b"}"):
         response = httpx.post(
             f"{guarded.url}/predict", content=body, headers=authed(**{"content-type": "application/json"})
@@ -232,7 +235,9 @@ def test_odd_input_gets_an_answer_at_once_never_a_hang(guarded):
 
 def test_a_request_framed_two_ways_is_refused_and_the_connection_closed(guarded):
     """Transfer-Encoding and Content-Length together, with a request hidden after the chunked body: one 400,
-    then the connection closes; the hidden request is never answered."""
+    then the connection closes; the hidden request is never answered. The served stack refuses it in uvicorn's
+    parser (llhttp), before any middleware; the front door's own check, for uvicorn on h11 (which takes such a
+    request), is tested in tests/unit/test_front_door.py."""
     smuggled = (
         b"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
         b"Content-Type: image/png\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -281,8 +286,13 @@ def test_the_protocol_shares_the_key_gate_and_bounded_metrics(guarded):
     assert "junk" not in metrics
 
 
-def test_the_guarded_service_still_serves(guarded):
-    """After every attack above: the probes and a good request still answer."""
+def test_the_guarded_service_still_serves(guarded, eager):
+    """After every attack above: the probes answer, a request with the key gets the eager model's answers, and
+    one without it is still turned away."""
     assert guarded.status("/livez") == 200 and guarded.status("/readyz") == 200
-    response = classify(guarded.url, png_bytes(digit_images(1)[0][0]))
-    assert response.status_code == 401  # no key
+    images = digit_images(4)[0]
+    url, key = f"{guarded.url}/classify", authed()
+    answers = [httpx.post(url, files={"image": ("d.png", png_bytes(i))}, headers=key, timeout=30) for i in images]
+    assert [a.status_code for a in answers] == [200] * 4, answers[0].text
+    assert [a.json()["predictions"][0]["index"] for a in answers] == eager_top1(eager, images)
+    assert classify(guarded.url, png_bytes(images[0])).status_code == 401

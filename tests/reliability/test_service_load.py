@@ -2,7 +2,8 @@
 
 - schemathesis generates requests from the service's own OpenAPI document: 0 server errors;
 - a soak at concurrency 32 mixing good and bad requests: 0 failed good requests, resident memory growth
-  after warm-up under 50 MB, p99 latency printed (1,000 requests in `make test`, 10,000 in `make soak`), with
+  after warm-up under a fortieth of what the deployment requests for a replica (conftest.attack_memory_mb),
+  p99 latency printed (1,000 requests in `make test`, 10,000 in `make soak`), with
   the default request timeout (BentoML's own timeout middleware kept each request's context until the timeout
   had passed, so this soak once set 10 s; serve/deadline.py frees it when the request ends);
 - more concurrency than HANDOFF_MAX_CONCURRENCY: 429 at once, never a timeout, and the service recovers;
@@ -27,12 +28,11 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-from conftest import Server, digit_images, eager_top1, png_bytes
+from conftest import Server, attack_memory_mb, digit_images, eager_top1, png_bytes, probe_timeout_s
 
 pytestmark = pytest.mark.xdist_group("service_load")  # its module fixtures stay on one worker
 
 CONCURRENCY = 32
-MEMORY_GROWTH_LIMIT_MB = 50
 SOAK_REQUESTS = int(os.environ.get("HANDOFF_SOAK_REQUESTS", "10000"))
 
 
@@ -46,7 +46,7 @@ def server(exported: Path, tmp_path_factory):
         yield srv
 
 
-def test_schemathesis_finds_no_server_error(server):
+def test_schemathesis_finds_no_server_error(server, tmp_path: Path):
     schemathesis = Path(sys.executable).parent / "schemathesis"
     result = subprocess.run(
         [
@@ -66,6 +66,7 @@ def test_schemathesis_finds_no_server_error(server):
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=tmp_path,  # its example database and reports, out of the working tree
     )
     summary = re.search(r"(\d+) generated, .*", result.stdout)
     print(f"\nschemathesis against /docs.json: {summary.group(0) if summary else result.stdout[-500:]}")
@@ -158,7 +159,7 @@ def run_soak(server: Server, eager, total: int, warm_at: int) -> None:
         f"{total - warm_at} ({growth * 2**20 / (total - warm_at):.0f} bytes per request)"
     )
     assert not failures, failures[:10]
-    assert growth < MEMORY_GROWTH_LIMIT_MB
+    assert growth < attack_memory_mb(), "the worker's memory grows with the requests it served"
     assert server.status("/readyz") == 200
 
 
@@ -197,7 +198,7 @@ def test_overload_is_refused_quickly_and_the_service_recovers(exported: Path, ea
         )
         assert set(statuses) <= {200, 429}, statuses
         assert refused, "a burst 16x the limit must be refused in part"
-        assert max(refused) < 2.0, "refusals are immediate, not timeouts"
+        assert max(refused) < probe_timeout_s(), "refusals are immediate, not timeouts"
         # Recovered: the same service answers every request in turn, correctly.
         for i, image in enumerate(images):
             response = httpx.post(f"{srv.url}/classify", files={"image": ("d.png", png_bytes(image))}, timeout=30)

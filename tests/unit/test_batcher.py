@@ -13,6 +13,8 @@ from bentoml.exceptions import ServiceUnavailable
 
 from serve.batching import ModelBatcher, ModelFailed
 
+BUSY_S = 0.3  # how long the first caller holds the event loop in the test of overlapping batches
+
 
 def _times_ten_model(seconds: float = 0.0) -> tuple[Callable[[np.ndarray], np.ndarray], list[int]]:
     """A model that multiplies by ten (taking `seconds` a call), and the list of the batch sizes it was called with."""
@@ -111,7 +113,7 @@ def test_what_queues_while_the_model_runs_is_the_next_batch_and_a_caller_that_le
 
 def test_the_next_batch_starts_before_the_answers_of_the_last_are_handled():
     """Answering a batch (in the server: sending each answer down the middlewares) occupies the event loop; the
-    model must not wait for it. Here the first caller blocks the loop for 0.3 s once answered."""
+    model must not wait for it. Here the first caller blocks the loop for BUSY_S once answered."""
     release = threading.Event()
     started_at: list[float] = []
 
@@ -127,7 +129,7 @@ def test_the_next_batch_starts_before_the_answers_of_the_last_are_handled():
         async def call(i: int):
             await batcher(np.full((1, 1), float(i)))
             if i == 0:
-                time.sleep(0.3)  # the loop is busy: nothing else on it runs meanwhile
+                time.sleep(BUSY_S)  # the loop is busy: nothing else on it runs meanwhile
             answered_at[i] = time.monotonic()
 
         async with anyio.create_task_group() as tasks:
@@ -142,7 +144,7 @@ def test_the_next_batch_starts_before_the_answers_of_the_last_are_handled():
 
     answered_at = anyio.run(go)
     assert len(started_at) == 2, started_at
-    assert started_at[1] < answered_at[0] - 0.2, "the second batch waited for the first batch's answers"
+    assert started_at[1] < answered_at[0] - BUSY_S / 2, "the second batch waited for the first batch's answers"
 
 
 def test_a_model_error_fails_its_batch_only():

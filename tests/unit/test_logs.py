@@ -1,4 +1,4 @@
-"""The service's log: long request paths cut short, client errors one INFO line, BentoML's access line off the loop."""
+"""The service's log: long request paths cut short, BentoML's access line written off the loop."""
 
 import asyncio
 import contextvars
@@ -6,15 +6,12 @@ import io
 import logging
 import time
 
-from bentoml.exceptions import BadInput
-
 from serve.access_log import AccessLine, AccessLogWriter, Entry, LineFields
-from serve.logs import MAX_LOGGED, ClientErrorsAtInfo, ShortValues
+from serve.logs import MAX_LOGGED, ShortValues
 
 
-def record(msg: str, args: tuple, level: int = logging.INFO, exc: BaseException | None = None) -> logging.LogRecord:
-    exc_info = (type(exc), exc, None) if exc else None
-    return logging.LogRecord("bentoml.access", level, __file__, 1, msg, args, exc_info)
+def record(msg: str, args: tuple) -> logging.LogRecord:
+    return logging.LogRecord("bentoml.access", logging.INFO, __file__, 1, msg, args, None)
 
 
 def test_a_long_path_is_cut_short():
@@ -22,16 +19,6 @@ def test_a_long_path_is_cut_short():
     assert ShortValues().filter(entry)
     line = entry.getMessage()
     assert len(line) < MAX_LOGGED + 100 and "(10001 characters)" in line
-
-
-def test_a_client_error_becomes_one_info_line_and_a_server_error_stays():
-    client = record("Exception on %s [%s]", ("/classify", "POST"), logging.ERROR, BadInput("top_k=0: must be 1..1000"))
-    assert ClientErrorsAtInfo().filter(client)
-    assert client.levelno == logging.INFO and client.exc_info is None
-    assert client.getMessage() == "POST /classify: 400 top_k=0: must be 1..1000"
-    server = record("Exception on %s [%s]", ("/classify", "POST"), logging.ERROR, RuntimeError("boom"))
-    assert ClientErrorsAtInfo().filter(server)
-    assert server.levelno == logging.ERROR and server.exc_info is not None
 
 
 def _entry(path: str, status: int = 200) -> Entry:
