@@ -63,21 +63,11 @@ docs-assets: install
 soak: install
 	$(BIN)/python -m pytest tests/reliability/test_service_load.py tests/test_train.py -m soak -s -n 0
 
-# Every benchmark writes bench/results/<name>_<device>.json; BENCHMARKS.md is regenerated from them.
-# The serving benchmarks load the service with wrk where it is installed (apt-get install wrk), else httpx.
+# The lasting benchmarks (bench/catalog.py) with their full settings, about an hour on 2 cores; each writes
+# bench/results/MACHINE/NAME.json. One alone: `python -m bench NAME`; the list: `python -m bench`. The serving ones
+# load the service with wrk where it is installed (apt-get install wrk), else httpx.
 bench: install
-	$(BIN)/python bench/checkpoint_stall.py --rounds 30
-	$(BIN)/python bench/serve_throughput.py --seconds 8 --rounds 5
-	$(BIN)/python bench/server_threads.py
-	$(BIN)/python bench/stack_cost.py
-	$(BIN)/python bench/form_parse.py --rounds 5
-	$(BIN)/python bench/export_time.py --rounds 3
-	$(BIN)/python bench/trainer_overhead.py --rounds 5
-	$(BIN)/python bench/int8_serving.py --seconds 8 --rounds 3
-	$(BIN)/python bench/cpu_formats.py --rounds 5
-	$(BIN)/python bench/phone_photos.py --seconds 8 --rounds 3
-	$(BIN)/python bench/protocol_json.py --requests 40
-	$(BIN)/python -m bench.results
+	$(BIN)/python -m bench all
 
 clean:
 	rm -rf $(VENV) runs

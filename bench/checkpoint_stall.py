@@ -105,14 +105,14 @@ def under_load(device: str, rounds: int, every: int, folder: Path) -> dict:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=15, help="rounds alone, and rounds of one epoch per side under load")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--every", type=int, default=4, help="under load: steps between saves (5 per digits epoch)")
     p.add_argument("--dir", default=None, help="where to write (default: a temporary folder on the project's disk)")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     device = torch.device(args.device)
     state = resnet50_state(device)
     nbytes = state_bytes(state)
@@ -191,7 +191,7 @@ def main() -> int:
         f"(interval {low:.3f}-{high:.3f}{', all of it at or under 1.05' if high <= 1.05 else ''})"
     )
     write_result(
-        f"checkpoint_stall_{args.device}",
+        "checkpoint_stall",
         {
             "device": str(device),
             "state_mb": nbytes / 1e6,

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.checks import assert_provider  # noqa: E402
 from bench.load import Upload, load_levels, wrk_available  # noqa: E402
-from bench.results import median_of_rounds, write_result  # noqa: E402
-from bench.serve_throughput import served_provider  # noqa: E402
-from bench.workload import make_jpegs  # noqa: E402
+from bench.results import median_of_rounds, print_goal, print_ratios, write_result  # noqa: E402
+from bench.serving import measure_rounds, over_limit, paired_over_limit, print_sides, served_provider  # noqa: E402
+from bench.workload import export_workload, make_jpegs  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.signature import TASK_OBJECT_DETECTION  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -114,7 +114,7 @@ def limit_round(model: InProcessImages, jpegs: list[bytes], seconds: float) -> d
     return {**limit, "best": best, "single_image_ms": 1000 * statistics.median(single)}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
@@ -136,53 +136,41 @@ def main() -> int:
     p.add_argument("--arch", default="fasterrcnn_mobilenet_v3_large_320_fpn", help="the detector to export")
     p.add_argument("--export", type=Path, help="serve this detector or segmenter export instead")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="detection-bench-"))
     folder = args.export.resolve() if args.export else make_model(work, args.arch)
     jpegs = make_jpegs()
     model = InProcessImages(folder, args.device)
     requests = [Upload(model.route, {"Content-Type": "image/jpeg"}, jpeg) for jpeg in jpegs]
-    rounds: list[dict[str, Any]] = []
-    for round_ in range(args.rounds):
-        this_round: dict[str, Any] = {"limit": limit_round(model, jpegs, args.seconds)}
+
+    def ours(name: str, round_: int, this_round: dict[str, Any]) -> dict[str, Any]:
         # A window shorter than the queue at c=64 takes to drain measures the ramp, not the rate (a segmenter at
         # 8 images/s: 64 queued for 8 s; a 6 s window read 0.58 x, a 20 s one 0.92 x): --drains of it at least.
         drained = args.drains * max(CONCURRENCY) / this_round["limit"]["images_per_s"]
         window = max(args.seconds, math.ceil(drained))
-        this_round["window_s"] = window
         env = {"HANDOFF_MODEL_DIR": str(folder), "HANDOFF_DEVICE": args.device}
         with BentoServer(work / f"ours{round_}.log", **env) as server:
             ready = server.wait_ready()
-            assert_provider("ours", [served_provider("ours", server)], args.device)
+            assert_provider("ours", [served_provider("ours", server.url)], args.device)
             levels = load_levels(args.client, server.url, server.proc.pid, requests, CONCURRENCY, window)
-            this_round["ours"] = {"ready_s": ready, **levels}
-        rounds.append(this_round)
-        print(
-            f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.2f} images/s "
-            f"({this_round['limit']['best']}), ours c=64 {this_round['ours']['64']['images_per_s']:.2f}"
-        )
+            return {"ready_s": ready, "window_s": window, **levels}
+
+    rounds = measure_rounds(args.rounds, ["ours"], lambda: limit_round(model, jpegs, args.seconds), ours)
     median = median_of_rounds(rounds)
     limit = median["limit"]
-    ratios = {
-        f"ours_over_limit_c{c}": median["ours"][str(c)]["images_per_s"] / limit["images_per_s"] for c in CONCURRENCY
-    }
     print(
         f"limit (in-process, median of {args.rounds} rounds): {limit['images_per_s']:.2f} images/s; "
-        f"one image {limit['single_image_ms']:.1f} ms"
+        f"one image {limit['single_image_ms']:.1f} ms; best per round: {', '.join(r['limit']['best'] for r in rounds)}"
     )
-    for c in map(str, CONCURRENCY):
-        r = median["ours"][c]
-        print(
-            f"ours c={c:<3} {r['images_per_s']:6.2f} images/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
-            f"server CPU {r['server_cpu_ms_per_image']:6.1f} ms/image  errors {r['errors']:.0f}"
-        )
-    for key, value in ratios.items():
-        print(f"  {key:<22} {value:5.2f} x")
-    by_round = [r["ours"]["64"]["images_per_s"] / r["limit"]["images_per_s"] for r in rounds]
+    print_sides(median, ["ours"], CONCURRENCY)
+    ratios = over_limit(median, ["ours"], CONCURRENCY)
+    print_ratios(ratios)
+    paired = paired_over_limit(rounds, ["ours"])
     goal = ratios["ours_over_limit_c64"] >= 0.8
-    print(f"goal: {GOAL}: {'met' if goal else 'NOT met'} (round by round: {' '.join(f'{v:.2f}' for v in by_round)})")
+    print_goal(GOAL, goal)
     write_result(
-        f"{'detection' if model.route == '/detect' else 'segmentation'}_serving_{args.device}",
+        "detection_serving",
+        workload=export_workload(folder) if args.export else "",
         folder=args.results_dir,
         figures={
             "device": args.device,
@@ -199,7 +187,7 @@ def main() -> int:
                 "client": args.client,
                 "model": read_manifest_unchecked(folder)["arch"],
                 "images": "32 views of scikit-learn's photos, 400 x 300 JPEG",
-                "ours c=64 / the same round's limit, round by round": " ".join(f"{v:.2f}" for v in by_round),
+                **paired,
             },
             "goal": GOAL,
             "goal_met": goal,

@@ -29,11 +29,11 @@ from export.manifest import read_manifest_unchecked  # noqa: E402
 ARCHS = ("resnet18", "resnet50")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="export-bench-"))
     figures: dict = {"device": args.device, "rounds": args.rounds, "seconds": {}, "ratios": {}, "phases": {}}
     runs: dict[str, list[tuple[float, dict[str, float]]]] = {arch: [] for arch in ARCHS}
@@ -64,7 +64,7 @@ def main() -> int:
             f"{arch}: wall {wall:.1f} s (export {total:.1f} s): "
             + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
         )
-    write_result(f"export_time_{args.device}", figures)
+    write_result("export_time", figures)
     return 0
 
 

@@ -47,13 +47,13 @@ def digits_accuracy(work: Path) -> dict:
     return read_manifest_unchecked(run / "last.export")["int8"]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=8.0, help="load per concurrency level, precision and round")
     p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--results-dir", type=Path, default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="int8-bench-"))
     folder = make_int8_model(work)
     jpegs = make_jpegs()
@@ -102,7 +102,7 @@ def main() -> int:
     goal = ratios["int8_over_fp32_served_c64"] >= 2 and accuracy["drop"] <= 1
     print(f"goal (served INT8 >= 2 x fp32 at c=64, <= 1 point lost): {'met' if goal else 'NOT met'}")
     write_result(
-        "int8_serving_cpu",
+        "int8_serving",
         folder=args.results_dir,
         figures={
             "device": "cpu",

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel, overlapped_limit  # noqa: E402
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, write_result  # noqa: E402
-from bench.workload import PHONE_PHOTO_SIZE, make_int8_model, make_model, phone_photos  # noqa: E402
+from bench.workload import PHONE_PHOTO_SIZE, export_workload, make_int8_model, make_model, phone_photos  # noqa: E402
 from export.manifest import fast_decode_checked, read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
@@ -50,7 +50,7 @@ def in_process_limits(model: InProcessModel, photos: list[bytes]) -> dict[str, d
     return limits
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=8.0)
@@ -58,7 +58,7 @@ def main() -> int:
     p.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="the model both sides serve")
     p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 at 224 px")
     p.add_argument("--results-dir", type=Path, default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="phone-photos-"))
     if args.export:
         folder = args.export.resolve()
@@ -109,7 +109,10 @@ def main() -> int:
     met = speedup >= 5 and agreement is not None and agreement >= 0.995
     print(f"goal: {GOAL}: {'met' if met else 'NOT met'}")
     write_result(
-        "phone_photos_cpu" + ("" if crop == 224 else f"_{crop}px") + ("_int8" if args.precision == "int8" else ""),
+        "phone_photos",
+        workload="-".join(
+            filter(None, (export_workload(folder) if args.export else "", "int8" if args.precision == "int8" else ""))
+        ),
         folder=args.results_dir,
         figures={
             "model": f"{manifest['arch']} at {crop} px",

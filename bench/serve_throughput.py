@@ -37,13 +37,10 @@ httpx), with the client's and the server's CPU per image.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -52,8 +49,9 @@ from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import Upload, load_levels, uploads, wrk_available  # noqa: E402
 from bench.peer.floor import floor_server  # noqa: E402
 from bench.peer.litserve_peer import litserve_server  # noqa: E402
-from bench.results import median_of_rounds, side_order, write_result  # noqa: E402
-from bench.workload import make_jpegs, make_model  # noqa: E402
+from bench.results import median_of_rounds, print_goal, print_ratios, write_result  # noqa: E402
+from bench.serving import measure_rounds, over_limit, over_peers, paired_over_limit, print_sides, served_provider  # noqa: E402
+from bench.workload import export_workload, make_jpegs, make_model  # noqa: E402
 from export.manifest import read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
@@ -126,12 +124,6 @@ def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT
     )
 
 
-def served_provider(name: str, server: BentoServer) -> str:
-    if is_ours(name):
-        return httpx.get(f"{server.url}/info", timeout=10).json()["provider"]
-    return httpx.post(f"{server.url}/provider", json={}, timeout=10).json()["provider"]
-
-
 def requests_for(name: str, folder: Path, jpegs: list[bytes], baseline_form: str = "raw") -> list[Upload]:
     """What side `name` sends for each JPEG: its form of the same images."""
     form = baseline_form if name.startswith(BASELINE) else FORM.get(name, "multipart")
@@ -146,13 +138,13 @@ def measure_service(
 ) -> dict:
     with start(name, folder, device, log, checkout) as server:
         result: dict[str, Any] = {"ready_s": server.wait_ready()}  # launch to /readyz 200, warm-up included
-        assert_provider(name, [served_provider(name, server)], device)
+        assert_provider(name, [served_provider(name, server.url)], device)
         requests = requests_for(name, folder, jpegs, args.baseline_form)
         result.update(load_levels(args.client, server.url, server.proc.pid, requests, CONCURRENCY, args.seconds))
         return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--seconds", type=float, default=8.0, help="load per concurrency level, side and round")
@@ -174,25 +166,19 @@ def main() -> int:
         default="raw",
         help="what the --baseline sides are sent: raw JPEG bodies (as ours_raw_body) or the multipart form (as ours)",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
     checkouts = {f"{BASELINE}{path.name}": path.resolve() for path in args.baseline}
     args.sides = (args.sides or default_sides(args.device)) + list(checkouts)
     work = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     folder = args.export.resolve() if args.export else make_model(work)
     jpegs = make_jpegs()
     model = InProcessModel(folder, args.device)
-    rounds: list[dict[str, Any]] = []
-    for round_ in range(args.rounds):
-        this_round = {"limit": limit_round(model, jpegs, args.seconds)}
-        order = side_order(args.sides, round_)
-        for name in order:
-            log = work / f"{name}{round_}.log"
-            this_round[name] = measure_service(name, folder, args.device, log, jpegs, args, checkouts.get(name, ROOT))
-        rounds.append(this_round)
-        print(
-            f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.1f} images/s, "
-            + ", ".join(f"{n} c=64 {this_round[n]['64']['images_per_s']:.1f}" for n in args.sides)
-        )
+
+    def side(name: str, round_: int, _: dict[str, Any]) -> dict[str, Any]:
+        log = work / f"{name}{round_}.log"
+        return measure_service(name, folder, args.device, log, jpegs, args, checkouts.get(name, ROOT))
+
+    rounds = measure_rounds(args.rounds, args.sides, lambda: limit_round(model, jpegs, args.seconds), side)
     median = median_of_rounds(rounds)
     limit = median["limit"]
     print(
@@ -200,44 +186,22 @@ def main() -> int:
         f"({limit['cpu_ms_per_image']:.1f} ms CPU per image); single image {limit['single_image_ms']:.1f} ms; "
         f"best arrangement per round: {', '.join(r['limit']['best'] for r in rounds)}"
     )
-    ratios: dict[str, float] = {}
-    for c in map(str, CONCURRENCY):
-        for name in args.sides:
-            r = median[name][c]
-            print(
-                f"{name:<13} c={c:<3} {r['images_per_s']:6.1f} images/s  p50 {r['p50_ms']:7.1f} ms  "
-                f"p99 {r['p99_ms']:7.1f} ms  server CPU {r['server_cpu_ms_per_image']:5.1f} ms/image  "
-                f"client CPU {r['client_cpu_ms_per_image']:4.1f} ms/image ({100 * r['client_cpu_share']:.1f}% of "
-                f"the machine)  errors {r['errors']:.0f}"
-            )
-            ratios[f"{name}_over_limit_c{c}"] = r["images_per_s"] / limit["images_per_s"]
-        for ours in (n for n in OURS if n in args.sides):
-            for peer in [p for p in PEER_SIDES if p in args.sides] + list(checkouts):
-                ratios[f"{ours}_over_{peer}_c{c}"] = median[ours][c]["images_per_s"] / median[peer][c]["images_per_s"]
+    print_sides(median, args.sides, CONCURRENCY)
+    our_sides = [n for n in OURS if n in args.sides]
+    ratios = over_limit(median, args.sides, CONCURRENCY)
+    ratios |= over_peers(median, our_sides, [p for p in PEER_SIDES if p in args.sides] + list(checkouts), CONCURRENCY)
     # the protocol's goal: as fast as raw-body /classify; and the span middleware's cost
     for name in ("ours_oip_image", "ours_oip_tensor", "ours_with_spans"):
         if name in args.sides and "ours_raw_body" in args.sides:
-            ratios[f"{name}_over_ours_raw_body_c64"] = (
-                median[name]["64"]["images_per_s"] / median["ours_raw_body"]["64"]["images_per_s"]
-            )
+            ratios |= {f"{k}_c64": v for k, v in over_peers(median, [name], ["ours_raw_body"], [64]).items()}
     for name in args.sides:
         at_64 = median[name]["64"]
         # the serving stack's CPU per image against the model's alone (the client aside)
         ratios[f"{name}_server_cpu_over_limit_cpu_c64"] = at_64["server_cpu_ms_per_image"] / limit["cpu_ms_per_image"]
         # the figure before the steady rate (bench/load.py): answers / window, ramp included
         ratios[f"{name}_whole_window_over_limit_c64"] = at_64["images_per_s_whole_window"] / limit["images_per_s"]
-    for key, value in ratios.items():
-        print(f"  {key:<40} {value:5.2f} x")
-    figures: dict[str, str] = {"client": args.client}
-    # Each side against the limit of its own round: paired, so the machine's drift between rounds cancels, and
-    # the spread shows whether a median above a goal is reliable or one lucky round.
-    by_round = {
-        name: [r[name]["64"]["images_per_s"] / r["limit"]["images_per_s"] for r in rounds] for name in args.sides
-    }
-    for name, values in by_round.items():
-        paired = f"{' '.join(f'{v:.2f}' for v in values)} (median {statistics.median(values):.2f})"
-        print(f"  {name} c=64 / the same round's limit, round by round: {paired}")
-        figures[f"{name} c=64 / the same round's limit, round by round"] = paired
+    print_ratios(ratios)
+    figures: dict[str, str] = {"client": args.client, **paired_over_limit(rounds, args.sides)}
     met_by = []  # the upload forms of ours that meet the goal
     for ours in (n for n in OURS if n in args.sides):
         added_ms = median[ours]["1"]["p50_ms"] - limit["single_image_ms"]
@@ -252,7 +216,7 @@ def main() -> int:
             met_by.append(ours)
     goal = bool(met_by) if any(n in args.sides for n in OURS) else None
     figures["goal met by"] = ", ".join(met_by) or "none"
-    print(f"goal: {GOAL}: {'n/a' if goal is None else 'met' if goal else 'NOT met'}")
+    print_goal(GOAL, goal)
     seconds = {
         "limit_single_image": limit["single_image_ms"] / 1000,
         "limit_cpu_per_image": limit["cpu_ms_per_image"] / 1000,
@@ -263,7 +227,8 @@ def main() -> int:
         seconds[f"{name}_server_cpu_per_image_c64"] = median[name]["64"]["server_cpu_ms_per_image"] / 1000
         seconds[f"{name}_launch_to_ready"] = median[name]["ready_s"]
     write_result(
-        f"serve_throughput_{args.device}",
+        "serve_throughput",
+        workload=export_workload(folder) if args.export else "",
         folder=args.results_dir,
         figures={
             "device": args.device,
@@ -272,7 +237,6 @@ def main() -> int:
             "services": {name: median[name] for name in args.sides},
             "per_round": rounds,
             "ratios": ratios,
-            "over_limit_c64_by_round": by_round,
             "seconds": seconds,
             "figures": figures,
             "goal": GOAL,

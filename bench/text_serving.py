@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.checks import assert_provider  # noqa: E402
 from bench.load import Upload, load_levels, wrk_available  # noqa: E402
-from bench.results import median_of_rounds, side_order, write_result  # noqa: E402
-from bench.serve_throughput import served_provider  # noqa: E402
+from bench.results import median_of_rounds, print_goal, print_ratios, write_result  # noqa: E402
+from bench.serving import measure_rounds, over_limit, over_peers, paired_over_limit, print_sides, served_provider  # noqa: E402
+from bench.workload import export_workload  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -206,14 +207,14 @@ def start(name: str, folder: Path, device: str, log: Path) -> BentoServer:
 def measure(name: str, folder: Path, device: str, log: Path, texts: list[str], args: Any) -> dict[str, Any]:
     with start(name, folder, device, log) as server:
         result: dict[str, Any] = {"ready_s": server.wait_ready()}
-        assert_provider(name, [served_provider("ours" if name.startswith("ours") else name, server)], device)
+        assert_provider(name, [served_provider(name, server.url)], device)
         result.update(
             load_levels(args.client, server.url, server.proc.pid, requests_for(name, texts), CONCURRENCY, args.seconds)
         )
         return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--seconds", type=float, default=8.0, help="load per concurrency level, side and round")
@@ -222,21 +223,18 @@ def main() -> int:
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     p.add_argument("--export", type=Path, help="serve this text export instead of a fresh DistilBERT (default)")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="text-bench-"))
     folder = args.export.resolve() if args.export else make_model(work)
     texts = make_texts()
     model = InProcessText(folder, args.device)
-    rounds: list[dict[str, Any]] = []
-    for round_ in range(args.rounds):
-        this_round = {"limit": limit_round(model, texts, args.seconds)}
-        for name in side_order(args.sides, round_):
-            this_round[name] = measure(name, folder, args.device, work / f"{name}{round_}.log", texts, args)
-        rounds.append(this_round)
-        print(
-            f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.1f} texts/s, "
-            + ", ".join(f"{n} c=64 {this_round[n]['64']['images_per_s']:.1f}" for n in args.sides)
-        )
+    rounds = measure_rounds(
+        args.rounds,
+        args.sides,
+        lambda: limit_round(model, texts, args.seconds),
+        lambda name, round_, _: measure(name, folder, args.device, work / f"{name}{round_}.log", texts, args),
+        unit="texts",
+    )
     median = median_of_rounds(rounds)
     limit = median["limit"]
     print(
@@ -244,38 +242,23 @@ def main() -> int:
         f"one text alone {limit['single_image_ms']:.1f} ms; "
         f"best per round: {', '.join(r['limit']['best'] for r in rounds)}"
     )
-    ratios: dict[str, float] = {}
-    for c in map(str, CONCURRENCY):
-        for name in args.sides:
-            r = median[name][c]
-            print(
-                f"{name:<12} c={c:<3} {r['images_per_s']:6.1f} texts/s  p50 {r['p50_ms']:6.1f} ms  "
-                f"p99 {r['p99_ms']:6.1f} ms  server CPU {r['server_cpu_ms_per_image']:5.1f} ms/text  "
-                f"errors {r['errors']:.0f}"
-            )
-            ratios[f"{name}_over_limit_c{c}"] = r["images_per_s"] / limit["images_per_s"]
-        for ours in (n for n in ("ours", "ours_oip") if n in args.sides):
-            if "peer_batched" in args.sides:
-                ratios[f"{ours}_over_peer_batched_c{c}"] = (
-                    median[ours][c]["images_per_s"] / median["peer_batched"][c]["images_per_s"]
-                )
-    by_round = {
-        name: [r[name]["64"]["images_per_s"] / r["limit"]["images_per_s"] for r in rounds] for name in args.sides
-    }
+    print_sides(median, args.sides, CONCURRENCY, unit="texts")
+    ratios = over_limit(median, args.sides, CONCURRENCY)
+    peers = [p for p in ("peer_batched",) if p in args.sides]
+    ratios |= over_peers(median, [n for n in ("ours", "ours_oip") if n in args.sides], peers, CONCURRENCY)
+    print_ratios(ratios)
     figures = {"client": args.client, "texts": f"{len(texts)} texts of {', '.join(map(str, WORDS_PER_TEXT))} words"}
-    for name, values in by_round.items():
-        figures[f"{name} c=64 / the same round's limit, round by round"] = " ".join(f"{v:.2f}" for v in values)
-    for key, value in ratios.items():
-        print(f"  {key:<34} {value:5.2f} x")
+    figures |= paired_over_limit(rounds, args.sides)
     goal = None
     if "ours" in args.sides and "peer_batched" in args.sides:
         goal = ratios["ours_over_limit_c64"] >= 0.8 and ratios["ours_over_peer_batched_c64"] > 1
-    print(f"goal: {GOAL}: {'n/a' if goal is None else 'met' if goal else 'NOT met'}")
+    print_goal(GOAL, goal)
     seconds = {"limit_one_text": limit["single_image_ms"] / 1000}
     for name in args.sides:
         seconds[f"{name}_p50_c1"] = median[name]["1"]["p50_ms"] / 1000
     write_result(
-        f"text_serving_{args.device}",
+        "text_serving",
+        workload=export_workload(folder) if args.export else "",
         folder=args.results_dir,
         figures={
             "device": args.device,

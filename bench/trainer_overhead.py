@@ -56,12 +56,12 @@ def whole_runs(device: str, epochs: int, rounds: int, work: Path) -> dict[str, f
     return {"bare_with_eval_and_save": statistics.median(bare), "ours": statistics.median(ours)}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=5, help="epochs of each whole run")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per process")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="trainer-bench-") as folder:
         work = Path(folder)
         steps_per_s = loop_alone(args.device, max(args.rounds, 3), work)
@@ -81,7 +81,7 @@ def main() -> int:
     goal_met = all(r >= 0.95 for r in ratios.values())
     print(f"goal (both >= 0.95): {'met' if goal_met else 'NOT met'}")
     write_result(
-        f"trainer_overhead_{args.device}",
+        "trainer_overhead",
         {
             "device": args.device,
             "rounds": args.rounds,

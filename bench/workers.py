@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.peer.floor import floor_server  # noqa: E402
-from bench.results import median_of_rounds, side_order, write_result  # noqa: E402
-from bench.workload import make_jpegs, make_model  # noqa: E402
+from bench.results import median_of_rounds, print_ratios, side_order, write_result  # noqa: E402
+from bench.serving import over_limit  # noqa: E402
+from bench.workload import export_workload, make_jpegs, make_model  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 
@@ -63,7 +64,7 @@ def measure(side: str, folder: Path, jpegs: list[bytes], args: Any, log: Path) -
         return load_levels(args.client, server.url, server.proc.pid, uploads(jpegs, "raw"), levels, args.seconds)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to compare")
@@ -84,7 +85,7 @@ def main() -> int:
         help="also the floor with each worker count above 1, each worker its own session or one model process",
     )
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="workers-bench-"))
     folder = args.export.resolve() if args.export else make_model(work)
     jpegs = make_jpegs()
@@ -114,17 +115,30 @@ def main() -> int:
             )
             print(f"{side:<22} c={c:<4} {line}")
             figures[f"{side} c={c}"] = line
+    ratios = over_limit(median, sides, args.concurrency)
+    print_ratios(ratios)
     write_result(
-        f"workers_{args.device}{'_int8' if args.precision == 'int8' else ''}{'_arrangements' * args.arrangements}",
+        "workers",
         {
             "device": args.device,
             "precision": args.precision,
             "client": args.client,
             "rounds": args.rounds,
             "figures": figures,
+            "ratios": ratios,
             "limit": median["limit"],
             "sides": {side: median[side] for side in sides},
         },
+        workload="-".join(
+            filter(
+                None,
+                (
+                    export_workload(folder) if args.export else "",
+                    "int8" if args.precision == "int8" else "",
+                    "arrangements" if args.arrangements else "",
+                ),
+            )
+        ),
         folder=args.results_dir,
     )
     return 0

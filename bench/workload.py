@@ -91,3 +91,14 @@ def write_jpegs(folder: Path, count: int) -> Path:
     for i, data in enumerate(make_jpegs(count)):
         (folder / f"{i:03d}.jpg").write_bytes(data)
     return folder
+
+
+def export_workload(folder: Path) -> str:
+    """What an export given with --export is, for its result's name: the model and, for an image model, the size
+    its images are resized to (`resnet18-32px`, the demo's digits model, against the default `resnet18` at 224 px)."""
+    sys.path.insert(0, str(ROOT))
+    from export.manifest import read_manifest_unchecked
+
+    manifest = read_manifest_unchecked(folder)
+    crop = (manifest.get("preprocess") or {}).get("crop")
+    return f"{manifest['arch']}-{crop}px" if crop else str(manifest["arch"])

@@ -34,7 +34,9 @@ from gpu_images import images_on_device  # noqa: E402  (beside this script)
 from gpu_text import text_on_device  # noqa: E402  (beside this script)
 
 from bench.load import uploads  # noqa: E402
+from bench.results import result_path  # noqa: E402
 from bench.serve_throughput import default_sides  # noqa: E402
+from bench.workload import export_workload  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.ort_cuda import preload_cuda_libraries  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -280,7 +282,9 @@ def serving_benchmark(
     sh(
         [
             sys.executable,
-            "bench/serve_throughput.py",
+            "-m",
+            "bench",
+            "serve_throughput",
             "--device",
             device,
             "--export",
@@ -297,7 +301,7 @@ def serving_benchmark(
         out / "bench.log",
         timeout=900,
     )
-    result = json.loads((out / f"serve_throughput_{device}.json").read_text())
+    result = json.loads(result_path("serve_throughput", device, export_workload(Path(folder)), out).read_text())
     ours = result["services"]["ours"]
     if "peer_minimal" in sides:  # batching must pay: on an H200, unpadded batches once made ours 0.22 x at c=16
         slower = {
@@ -320,13 +324,14 @@ def workers_per_device(out: Path, folder: str, device: str, dry_run: bool, round
     workers, levels, seconds = (["2"], ["16"], "2") if dry_run else (["1", "2", "4"], ["64", "256"], "6")
     times = str(rounds or (1 if dry_run else 2))  # --bench-rounds shortens this step too
     sh(
-        [sys.executable, "bench/workers.py", "--device", device, "--export", folder, "--workers", *workers]
+        [sys.executable, "-m", "bench", "workers", "--device", device, "--export", folder, "--workers", *workers]
         + ["--concurrency", *levels, "--seconds", seconds, "--rounds", times, "--results-dir", str(out)]
         + ["--arrangements"],
         out / "workers.log",
         timeout=900,
     )
-    return json.loads((out / f"workers_{device}_arrangements.json").read_text())["figures"]
+    workload = f"{export_workload(Path(folder))}-arrangements"
+    return json.loads(result_path("workers", device, workload, out).read_text())["figures"]
 
 
 def tensorrt(out: Path, folder: str) -> dict[str, Any]:

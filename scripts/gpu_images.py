@@ -16,6 +16,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.detection_serving import make_model  # noqa: E402
+from bench.results import result_path  # noqa: E402
+from bench.workload import export_workload  # noqa: E402
 from export.detection_parity import Detections, match_detections  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -112,14 +114,13 @@ def images_on_device(out: Path, device: str, seconds: float, rounds: int, dry_ru
         with BentoServer(out / f"{arch}_serve.log", HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE=device) as server:
             server.wait_ready()
             agreed = check(folder, server.url, jpeg)
-        bench = [sys.executable, "bench/detection_serving.py", "--device", device, "--export", str(folder)]
+        bench = [sys.executable, "-m", "bench", "detection_serving", "--device", device, "--export", str(folder)]
         bench += ["--seconds", str(seconds), "--rounds", str(rounds), "--results-dir", str(out / arch)]
         bench += ["--drains", "0"] if dry_run else []
         done = subprocess.run(bench, cwd=ROOT, capture_output=True, text=True, timeout=900)
         (out / f"{arch}_bench.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
-            raise RuntimeError(f"bench/detection_serving.py failed ({done.returncode}): {done.stderr[-500:]}")
-        task = "detection" if arch == DETECTOR else "segmentation"
-        result = json.loads((out / arch / f"{task}_serving_{device}.json").read_text())
+            raise RuntimeError(f"python -m bench detection_serving failed ({done.returncode}): {done.stderr[-500:]}")
+        result = json.loads(result_path("detection_serving", device, export_workload(folder), out / arch).read_text())
         details[arch] = {"parity": parity["pass"], **agreed, "ratios": result["ratios"]}
     return details

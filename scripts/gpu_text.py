@@ -13,7 +13,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.load import Upload  # noqa: E402
+from bench.results import result_path  # noqa: E402
 from bench.text_serving import make_model, make_texts, requests_for  # noqa: E402
+from bench.workload import export_workload  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
@@ -70,13 +72,13 @@ def text_on_device(out: Path, device: str, seconds: float, rounds: int, sides: l
     gaps += [abs(a - b) for a, b in zip(probabilities, flat, strict=True)]
     if max(gaps) > TOLERANCE:
         raise RuntimeError(f"served probabilities differ from the eager model's by {max(gaps):.2e}")
-    bench = [sys.executable, "bench/text_serving.py", "--device", device, "--export", str(folder)]
+    bench = [sys.executable, "-m", "bench", "text_serving", "--device", device, "--export", str(folder)]
     bench += ["--seconds", str(seconds), "--rounds", str(rounds), "--sides", *sides, "--results-dir", str(out)]
     done = subprocess.run(bench, cwd=ROOT, capture_output=True, text=True, timeout=900)
     (out / "text_bench.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        raise RuntimeError(f"bench/text_serving.py failed ({done.returncode}): {done.stderr[-500:]}")
-    result = json.loads((out / f"text_serving_{device}.json").read_text())
+        raise RuntimeError(f"python -m bench text_serving failed ({done.returncode}): {done.stderr[-500:]}")
+    result = json.loads(result_path("text_serving", device, export_workload(folder), out).read_text())
     return {
         "parity": {r["artifact"]: r["passed"] for r in parity["results"]},
         "text_checks": {c["check"]: c["pass"] for c in parity["text"]},

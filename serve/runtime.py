@@ -70,7 +70,7 @@ def onnx_session_options(threads: int | None = None) -> Any:
     if threads is not None:
         options.intra_op_num_threads = threads
     # ONNX Runtime's idle intra-op threads spin by default, taking the cores the image decoders need
-    # between batches; measured with bench/serve_throughput.py (see BENCHMARKS.md).
+    # between batches; measured with `python -m bench serve_throughput` (docs/benchmarks.md).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 

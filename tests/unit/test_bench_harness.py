@@ -1,0 +1,82 @@
+"""The benchmark harness (bench/__main__.py, catalog.py, results.py, report.py): one entry point that knows every
+lasting benchmark, one current result file per benchmark and machine, and a results page that shows them."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # bench/ is scripts, not an installed package
+from bench import results  # noqa: E402
+from bench.catalog import BENCHMARKS  # noqa: E402
+from bench.report import render, results_of  # noqa: E402
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_the_listing_names_every_benchmark_and_an_unknown_name_is_one_line_and_exit_2():
+    listing = bench()
+    assert listing.returncode == 0
+    assert [b.name for b in BENCHMARKS] == re.findall(r"^  (\w+) ", listing.stdout, flags=re.M)
+    unknown = bench("serve_throughtput")
+    assert unknown.returncode == 2 and len(unknown.stderr.splitlines()) == 1
+    assert "no benchmark 'serve_throughtput'" in unknown.stderr and "serve_throughput" in unknown.stderr
+
+
+@pytest.mark.parametrize("benchmark", BENCHMARKS, ids=lambda b: b.name)
+def test_each_benchmark_takes_its_arguments_as_make_bench_gives_them(benchmark, capsys):
+    """Each module's main(argv) parses `make bench`'s arguments (a renamed option would fail `make bench` an
+    hour in); --help shows them without running anything."""
+    module = importlib.import_module(f"bench.{benchmark.name}")
+    with pytest.raises(SystemExit) as shown:
+        module.main(["--help"])
+    assert shown.value.code == 0
+    options = set(re.findall(r"--[\w-]+", capsys.readouterr().out))
+    assert {arg for arg in benchmark.make_bench if arg.startswith("--")} <= options
+
+
+def test_a_result_goes_to_its_machine_and_workload_and_records_the_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "COMMAND", ["-m", "bench", "workers", "--rounds", "1"])
+    machine = results.machine_name("cpu")
+    assert re.fullmatch(r"[a-z0-9-]+-\d+-cores", machine), machine
+    default = results.write_result("workers", {"device": "cpu", "ratios": {"x": 1.0}})
+    other = results.write_result("workers", {"device": "cpu"}, workload="resnet18-32px")
+    assert default == tmp_path / machine / "workers.json"
+    assert other == tmp_path / machine / "workers-resnet18-32px.json"
+    record = json.loads(default.read_text())
+    assert record["benchmark"] == "workers" and record["workload"] == "default"
+    assert record["command"] == "python -m bench workers --rounds 1" and record["machine"]["cpus"] >= 1
+    again = results.write_result("workers", {"device": "cpu", "ratios": {"x": 2.0}})
+    assert again == default and json.loads(again.read_text())["ratios"] == {"x": 2.0}, "one current result"
+
+
+def test_every_stored_result_is_a_lasting_benchmarks_and_its_headline_exists():
+    """A result file per lasting benchmark and machine, nothing else in bench/results; the ratios the results
+    page shows first are in the stored results (a renamed ratio would leave the page blank)."""
+    stored = sorted(results.RESULTS.glob("*/*.json"))
+    names = {b.name for b in BENCHMARKS}
+    assert stored and all(json.loads(p.read_text())["benchmark"] in names for p in stored)
+    assert not list(results.RESULTS.glob("*.json")), "results live in a folder per machine"
+    for benchmark in BENCHMARKS:
+        found = results_of(benchmark)
+        assert found, f"{benchmark.name}: no stored result"
+        keys = set().union(*(result.get("ratios", {}) for _, result in found))
+        missing = [key for key in benchmark.headline if key not in keys]
+        assert not missing or benchmark.name == "workers", (benchmark.name, missing)
+
+
+def test_the_results_page_shows_each_benchmark_and_its_goal():
+    page = render()
+    for benchmark in BENCHMARKS:
+        assert f"## {benchmark.name}\n" in page
+    assert "**not met**" in page and "| met" not in page.replace("**not met**", "")
