@@ -44,7 +44,8 @@ class BentoServer:
         self.proc = subprocess.Popen(
             [*command, str(self.port)],
             cwd=cwd,
-            env={**os.environ, **env},
+            # BentoML posts usage statistics to its servers unless told not to: a local run sends nothing out.
+            env={"BENTOML_DO_NOT_TRACK": "true", **os.environ, **env},
             stdout=open(log, "w"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
