@@ -31,9 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.checks import assert_provider  # noqa: E402
 from bench.load import Upload, load_levels, wrk_available  # noqa: E402
-from bench.results import median_of_rounds, print_goal, print_ratios, write_result  # noqa: E402
-from bench.serving import measure_rounds, over_limit, paired_over_limit, print_sides, served_provider  # noqa: E402
-from bench.workload import export_workload, make_jpegs  # noqa: E402
+from bench.results import median_of_rounds, print_goal, print_ratios  # noqa: E402
+from bench.serving import (  # noqa: E402
+    measure_rounds,
+    over_limit,
+    paired_over_limit,
+    print_sides,
+    served_provider,
+    write_serving_result,
+)
+from bench.workload import make_jpegs  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.signature import TASK_OBJECT_DETECTION  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -168,31 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     paired = paired_over_limit(rounds, ["ours"])
     goal = ratios["ours_over_limit_c64"] >= 0.8
     print_goal(GOAL, goal)
-    write_result(
-        "detection_serving",
-        workload=export_workload(folder) if args.export else "",
-        folder=args.results_dir,
-        figures={
-            "device": args.device,
-            "rounds": args.rounds,
-            "limit": limit,
-            "services": {"ours": median["ours"]},
-            "per_round": rounds,
-            "ratios": ratios,
-            "seconds": {
-                "limit_one_image": limit["single_image_ms"] / 1000,
-                "ours_p50_c1": median["ours"]["1"]["p50_ms"] / 1000,
-            },
-            "figures": {
-                "client": args.client,
-                "model": read_manifest_unchecked(folder)["arch"],
-                "images": "32 views of scikit-learn's photos, 400 x 300 JPEG",
-                **paired,
-            },
-            "goal": GOAL,
-            "goal_met": goal,
-        },
-    )
+    seconds = {"limit_one_image": limit["single_image_ms"] / 1000, "ours_p50_c1": median["ours"]["1"]["p50_ms"] / 1000}
+    figures = {
+        "client": args.client,
+        "model": read_manifest_unchecked(folder)["arch"],
+        "images": "32 views of scikit-learn's photos, 400 x 300 JPEG",
+        **paired,
+    }
+    report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
+    write_serving_result("detection_serving", args, folder, rounds, median, ["ours"], report)
     return 0
 
 

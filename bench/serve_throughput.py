@@ -49,9 +49,17 @@ from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import Upload, load_levels, uploads, wrk_available  # noqa: E402
 from bench.peer.floor import floor_server  # noqa: E402
 from bench.peer.litserve_peer import litserve_server  # noqa: E402
-from bench.results import median_of_rounds, print_goal, print_ratios, write_result  # noqa: E402
-from bench.serving import measure_rounds, over_limit, over_peers, paired_over_limit, print_sides, served_provider  # noqa: E402
-from bench.workload import export_workload, make_jpegs, make_model  # noqa: E402
+from bench.results import median_of_rounds, print_goal, print_ratios  # noqa: E402
+from bench.serving import (  # noqa: E402
+    measure_rounds,
+    over_limit,
+    over_peers,
+    paired_over_limit,
+    print_sides,
+    served_provider,
+    write_serving_result,
+)
+from bench.workload import make_jpegs, make_model  # noqa: E402
 from export.manifest import read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
@@ -226,23 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds[f"{name}_p99_c64"] = median[name]["64"]["p99_ms"] / 1000
         seconds[f"{name}_server_cpu_per_image_c64"] = median[name]["64"]["server_cpu_ms_per_image"] / 1000
         seconds[f"{name}_launch_to_ready"] = median[name]["ready_s"]
-    write_result(
-        "serve_throughput",
-        workload=export_workload(folder) if args.export else "",
-        folder=args.results_dir,
-        figures={
-            "device": args.device,
-            "rounds": args.rounds,
-            "limit": limit,
-            "services": {name: median[name] for name in args.sides},
-            "per_round": rounds,
-            "ratios": ratios,
-            "seconds": seconds,
-            "figures": figures,
-            "goal": GOAL,
-            "goal_met": goal,
-        },
-    )
+    report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
+    write_serving_result("serve_throughput", args, folder, rounds, median, args.sides, report)
     return 0
 
 

@@ -9,11 +9,13 @@ machine between rounds cancels and the spread shows whether a median above a goa
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.results import side_order
+from bench.results import side_order, write_result
+from bench.workload import export_workload
 
 
 def served_provider(side: str, url: str) -> str:
@@ -83,3 +85,29 @@ def paired_over_limit(rounds: list[dict[str, Any]], sides: Sequence[str]) -> dic
         figures[f"{name} c=64 / the same round's limit, round by round"] = " ".join(f"{v:.2f}" for v in values)
         print(f"  {name} c=64 / the same round's limit, round by round: {' '.join(f'{v:.2f}' for v in values)}")
     return figures
+
+
+def write_serving_result(
+    benchmark: str,
+    args: Any,
+    folder: Path,
+    rounds: list[dict[str, Any]],
+    median: dict[str, Any],
+    sides: Sequence[str],
+    report: dict[str, Any],
+) -> Path:
+    """A serving benchmark's result: the limit, each side's medians, every round, and `report` (its `ratios`,
+    `seconds`, `figures`, `goal` and `goal_met`); named for the export when --export chose the workload."""
+    return write_result(
+        benchmark,
+        workload=export_workload(folder) if args.export else "",
+        folder=args.results_dir,
+        figures={
+            "device": args.device,
+            "rounds": len(rounds),
+            "limit": median["limit"],
+            "services": {name: median[name] for name in sides},
+            "per_round": rounds,
+            **report,
+        },
+    )

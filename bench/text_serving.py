@@ -38,9 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.checks import assert_provider  # noqa: E402
 from bench.load import Upload, load_levels, wrk_available  # noqa: E402
-from bench.results import median_of_rounds, print_goal, print_ratios, write_result  # noqa: E402
-from bench.serving import measure_rounds, over_limit, over_peers, paired_over_limit, print_sides, served_provider  # noqa: E402
-from bench.workload import export_workload  # noqa: E402
+from bench.results import median_of_rounds, print_goal, print_ratios  # noqa: E402
+from bench.serving import (  # noqa: E402
+    measure_rounds,
+    over_limit,
+    over_peers,
+    paired_over_limit,
+    print_sides,
+    served_provider,
+    write_serving_result,
+)
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -256,23 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = {"limit_one_text": limit["single_image_ms"] / 1000}
     for name in args.sides:
         seconds[f"{name}_p50_c1"] = median[name]["1"]["p50_ms"] / 1000
-    write_result(
-        "text_serving",
-        workload=export_workload(folder) if args.export else "",
-        folder=args.results_dir,
-        figures={
-            "device": args.device,
-            "rounds": args.rounds,
-            "limit": limit,
-            "services": {name: median[name] for name in args.sides},
-            "per_round": rounds,
-            "ratios": ratios,
-            "seconds": seconds,
-            "figures": figures,
-            "goal": GOAL,
-            "goal_met": goal,
-        },
-    )
+    report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
+    write_serving_result("text_serving", args, folder, rounds, median, args.sides, report)
     return 0
 
 

@@ -80,3 +80,22 @@ def test_the_results_page_shows_each_benchmark_and_its_goal():
     for benchmark in BENCHMARKS:
         assert f"## {benchmark.name}\n" in page
     assert "**not met**" in page and "| met" not in page.replace("**not met**", "")
+
+
+def test_a_serving_result_keeps_every_round_and_the_medians(tmp_path):
+    from argparse import Namespace
+
+    from bench.serving import over_limit, write_serving_result
+
+    rounds = [
+        {"limit": {"images_per_s": rate}, "ours": {"64": {"images_per_s": rate * share}}}
+        for rate, share in ((100.0, 0.9), (80.0, 0.95), (90.0, 0.5))
+    ]
+    median = results.median_of_rounds(rounds)
+    args = Namespace(export=None, results_dir=tmp_path, device="cpu")
+    ratios = over_limit(median, ["ours"], [64])
+    path = write_serving_result("detection_serving", args, tmp_path, rounds, median, ["ours"], {"ratios": ratios})
+    record = json.loads(path.read_text())
+    assert path == tmp_path / "detection_serving.json" and record["rounds"] == 3 and record["per_round"] == rounds
+    assert record["limit"] == {"images_per_s": 90.0} and record["services"]["ours"]["64"]["images_per_s"] == 76.0
+    assert record["ratios"] == {"ours_over_limit_c64": 76.0 / 90.0}, "the ratio of the medians, not a round's"
