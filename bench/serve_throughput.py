@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     # the protocol's goal: as fast as raw-body /classify; and the span middleware's cost
     for name in ("ours_oip_image", "ours_oip_tensor", "ours_with_spans"):
         if name in args.sides and "ours_raw_body" in args.sides:
-            ratios |= {f"{k}_c64": v for k, v in over_peers(median, [name], ["ours_raw_body"], [64]).items()}
+            ratios |= over_peers(median, [name], ["ours_raw_body"], [64])
     for name in args.sides:
         at_64 = median[name]["64"]
         # the serving stack's CPU per image against the model's alone (the client aside)
