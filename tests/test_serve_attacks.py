@@ -17,6 +17,8 @@ import pytest
 from conftest import Server, attack_memory_mb, classify, digit_images, eager_top1, png_bytes, probe_timeout_s
 from PIL import Image
 
+from harness.server import ScriptServer
+
 pytestmark = pytest.mark.xdist_group("serve_attacks")  # one guarded server, on one worker
 
 KEY = "s3cret"
@@ -246,6 +248,25 @@ def test_a_request_framed_two_ways_is_refused_and_the_connection_closed(guarded)
     answer = raw_http(guarded.port, smuggled)
     assert answer.startswith(b"HTTP/1.1 400") and answer.count(b"HTTP/1.1 ") == 1, answer[:500]
     assert b"<still open>" not in answer
+
+
+def test_the_front_door_refuses_a_request_framed_two_ways_where_the_parser_takes_it(tmp_path: Path):
+    """The same smuggling on uvicorn's h11 parser, which takes such a request (tests/fixtures/front_door_h11.py):
+    the front door's own 400 (its JSON error, not a parser's), the connection closed, the hidden request never
+    answered; a request framed one way is still served on the same server."""
+    smuggled = (
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: 4\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /info HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    script = Path(__file__).parent / "fixtures" / "front_door_h11.py"
+    with ScriptServer(tmp_path / "h11.log", script) as srv:
+        srv.wait_live(60)
+        answer = raw_http(srv.port, smuggled)
+        plain = httpx.post(f"{srv.url}/classify", content=b"png!", headers={"content-type": "image/png"}, timeout=10)
+    assert answer.startswith(b"HTTP/1.1 400") and answer.count(b"HTTP/1.1 ") == 1, answer[:500]
+    assert b"both Transfer-Encoding and Content-Length" in answer and b"/info" not in answer, answer[:500]
+    assert b"<still open>" not in answer
+    assert plain.status_code == 200 and plain.text == "read 4 bytes"
 
 
 def test_multi_picture_jpegs_are_accepted(guarded):
