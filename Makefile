@@ -63,7 +63,7 @@ docs-assets: install
 soak: install
 	$(BIN)/python -m pytest tests/reliability/test_service_load.py tests/test_train.py -m soak -s -n 0
 
-# The lasting benchmarks (bench/catalog.py) with their full settings, about an hour on 2 cores; each writes
+# The lasting benchmarks (bench/catalog.py) with their full settings, about 90 minutes on 2 cores; each writes
 # bench/results/MACHINE/NAME.json. One alone: `python -m bench NAME`; the list: `python -m bench`. The serving ones
 # load the service with wrk where it is installed (apt-get install wrk), else httpx.
 bench: install

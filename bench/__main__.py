@@ -2,7 +2,7 @@
 
     python -m bench                      # list them, with where each has a current result
     python -m bench NAME [OPTIONS]       # run one; `python -m bench NAME --help` for its options
-    python -m bench all                  # every one with `make bench`'s settings (about an hour on 2 cores)
+    python -m bench all                  # every one with `make bench`'s settings (about 90 minutes on 2 cores)
     python -m bench report               # the current results as Markdown (the docs site shows the same page)
 
 Each prints its figures side by side (ratios against the in-process limit or a peer measured in the same run)

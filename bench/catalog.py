@@ -14,7 +14,7 @@ class Benchmark:
     answers: str
     """The question it answers, in one line."""
     make_bench: tuple[str, ...]
-    """The arguments `make bench` (`python -m bench all`) gives it: a full run, an hour or so for all of them."""
+    """The arguments `make bench` (`python -m bench all`) gives it: a full run (about 90 minutes for all, 2 cores)."""
     headline: tuple[str, ...]
     """The ratios a reader compares first (keys of its result's `ratios`)."""
 
