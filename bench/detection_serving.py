@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         **paired,
     }
     report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
-    write_serving_result("detection_serving", args, folder, rounds, median, ["ours"], report)
+    write_serving_result("detection_serving", args, rounds, median, ["ours"], report)
     return 0
 
 

@@ -23,11 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
-from bench.results import median_of_rounds, write_result  # noqa: E402
+from bench.results import median_of_rounds, print_goal, print_ratios, write_result  # noqa: E402
 from bench.serve_throughput import CONCURRENCY  # noqa: E402
 from bench.workload import make_int8_model, make_jpegs  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
+
+GOAL = "served INT8 >= 2 x served fp32 at concurrency 64, at most 1 point of top-1 lost on the digits"
 
 
 def digits_accuracy(work: Path) -> dict:
@@ -93,14 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         f"in-process limit: fp32 {limits['fp32']['images_per_s']:.1f}, "
         f"int8 {limits['int8']['images_per_s']:.1f} images/s"
     )
-    for key, value in ratios.items():
-        print(f"  {key:<28} {value:5.2f} x")
+    print_ratios(ratios)
     print(
         f"digits validation top-1: fp32 {accuracy['fp32_top1']:.2f}%, int8 {accuracy['int8_top1']:.2f}% "
         f"(drop {accuracy['drop']:.2f} points)"
     )
     goal = ratios["int8_over_fp32_served_c64"] >= 2 and accuracy["drop"] <= 1
-    print(f"goal (served INT8 >= 2 x fp32 at c=64, <= 1 point lost): {'met' if goal else 'NOT met'}")
+    print_goal(GOAL, goal)
     write_result(
         "int8_serving",
         folder=args.results_dir,
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": ratios,
             "digits_accuracy": accuracy,
             "seconds": {f"{p}_p50_c{c}": served[p][str(c)]["p50_ms"] / 1000 for p in served for c in CONCURRENCY},
-            "goal": "served INT8 >= 2 x served fp32 at concurrency 64, at most 1 point of top-1 lost on the digits",
+            "goal": GOAL,
             "goal_met": goal,
         },
     )

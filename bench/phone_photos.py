@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel, overlapped_limit  # noqa: E402
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
-from bench.results import median_of_rounds, write_result  # noqa: E402
-from bench.workload import PHONE_PHOTO_SIZE, export_workload, make_int8_model, make_model, phone_photos  # noqa: E402
+from bench.results import median_of_rounds, print_goal, write_result  # noqa: E402
+from bench.workload import PHONE_PHOTO_SIZE, make_int8_model, make_model, phone_photos, workload_name  # noqa: E402
 from export.manifest import fast_decode_checked, read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
@@ -107,12 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"in process (the ceiling): {ceiling:.2f} x, median of rounds ({', '.join(f'{x:.2f}' for x in ceilings)})")
     print(f"decode check at export: {check}")
     met = speedup >= 5 and agreement is not None and agreement >= 0.995
-    print(f"goal: {GOAL}: {'met' if met else 'NOT met'}")
+    print_goal(GOAL, met)
     write_result(
         "phone_photos",
-        workload="-".join(
-            filter(None, (export_workload(folder) if args.export else "", "int8" if args.precision == "int8" else ""))
-        ),
+        workload=workload_name(args.export, "int8" if args.precision == "int8" else ""),
         folder=args.results_dir,
         figures={
             "model": f"{manifest['arch']} at {crop} px",

@@ -51,6 +51,8 @@ from bench.peer.floor import floor_server  # noqa: E402
 from bench.peer.litserve_peer import litserve_server  # noqa: E402
 from bench.results import median_of_rounds, print_goal, print_ratios  # noqa: E402
 from bench.serving import (  # noqa: E402
+    BASELINE,
+    is_ours,
     measure_rounds,
     over_limit,
     over_peers,
@@ -97,12 +99,6 @@ GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process;
 
 
 PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:BatchedPeer"}
-BASELINE = "at_"  # a side serving another checkout (--baseline)
-
-
-def is_ours(name: str) -> bool:
-    """A side served by handoff's own service: this checkout's, or another's (--baseline)."""
-    return name in OURS or name.startswith(BASELINE)
 
 
 def default_sides(device: str) -> list[str]:
@@ -235,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds[f"{name}_server_cpu_per_image_c64"] = median[name]["64"]["server_cpu_ms_per_image"] / 1000
         seconds[f"{name}_launch_to_ready"] = median[name]["ready_s"]
     report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
-    write_serving_result("serve_throughput", args, folder, rounds, median, args.sides, report)
+    write_serving_result("serve_throughput", args, rounds, median, args.sides, report)
     return 0
 
 

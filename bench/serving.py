@@ -15,12 +15,19 @@ from typing import Any
 import httpx
 
 from bench.results import side_order, write_result
-from bench.workload import export_workload
+from bench.workload import workload_name
+
+BASELINE = "at_"  # a side serving another checkout of handoff (serve_throughput --baseline)
+
+
+def is_ours(side: str) -> bool:
+    """A side served by handoff's own service (`ours...`, or another checkout's, `at_...`), not by a peer."""
+    return side.startswith(("ours", BASELINE))
 
 
 def served_provider(side: str, url: str) -> str:
     """The ONNX Runtime provider a served side runs on: ours says it on /info, the peers on POST /provider."""
-    if side.startswith(("ours", "at_")):
+    if is_ours(side):
         return httpx.get(f"{url}/info", timeout=10).json()["provider"]
     return httpx.post(f"{url}/provider", json={}, timeout=10).json()["provider"]
 
@@ -31,8 +38,10 @@ def measure_rounds(
     limit: Callable[[], dict[str, Any]],
     side: Callable[[str, int, dict[str, Any]], dict[str, Any]],
     unit: str = "images",
+    shown: str = "64",
 ) -> list[dict[str, Any]]:
-    """`rounds` rounds of {"limit": limit(), name: side(name, round, this_round) for each side}, printed as they end."""
+    """`rounds` rounds of {"limit": limit(), name: side(name, round, this_round) for each side}, each printed as it
+    ends with every side's rate at concurrency `shown`."""
     measured: list[dict[str, Any]] = []
     for round_ in range(rounds):
         this_round: dict[str, Any] = {"limit": limit()}
@@ -41,7 +50,7 @@ def measure_rounds(
         measured.append(this_round)
         print(
             f"round {round_ + 1}/{rounds}: limit {this_round['limit']['images_per_s']:.1f} {unit}/s, "
-            + ", ".join(f"{n} c=64 {this_round[n]['64']['images_per_s']:.1f}" for n in sides)
+            + ", ".join(f"{n} c={shown} {this_round[n][shown]['images_per_s']:.1f}" for n in sides)
         )
     return measured
 
@@ -90,7 +99,6 @@ def paired_over_limit(rounds: list[dict[str, Any]], sides: Sequence[str]) -> dic
 def write_serving_result(
     benchmark: str,
     args: Any,
-    folder: Path,
     rounds: list[dict[str, Any]],
     median: dict[str, Any],
     sides: Sequence[str],
@@ -100,7 +108,7 @@ def write_serving_result(
     `seconds`, `figures`, `goal` and `goal_met`); named for the export when --export chose the workload."""
     return write_result(
         benchmark,
-        workload=export_workload(folder) if args.export else "",
+        workload=workload_name(args.export),
         folder=args.results_dir,
         figures={
             "device": args.device,

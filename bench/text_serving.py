@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.sides:
         seconds[f"{name}_p50_c1"] = median[name]["1"]["p50_ms"] / 1000
     report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
-    write_serving_result("text_serving", args, folder, rounds, median, args.sides, report)
+    write_serving_result("text_serving", args, rounds, median, args.sides, report)
     return 0
 
 

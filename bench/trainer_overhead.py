@@ -26,7 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.ddp_launch import run_ddp_epochs, torchrun  # noqa: E402
-from bench.results import write_result  # noqa: E402
+from bench.results import print_goal, write_result  # noqa: E402
+
+GOAL = "loop alone: ours / bare steps/s >= 0.95; whole trainer / bare with evaluation and save >= 0.95"
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> float:
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         f"trainer {wall['ours']:.1f} s -> {ratios['trainer_over_bare_with_eval_and_save']:.3f}"
     )
     goal_met = all(r >= 0.95 for r in ratios.values())
-    print(f"goal (both >= 0.95): {'met' if goal_met else 'NOT met'}")
+    print_goal(GOAL, goal_met)
     write_result(
         "trainer_overhead",
         {
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps_per_s": steps_per_s,
             "seconds": {f"{name}_run": seconds for name, seconds in wall.items()},
             "ratios": ratios,
-            "goal": "loop alone: ours / bare steps/s >= 0.95; whole trainer / bare with evaluation and save >= 0.95",
+            "goal": GOAL,
             "goal_met": goal_met,
         },
     )

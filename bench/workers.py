@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 from bench.limit import InProcessModel, limit_round  # noqa: E402
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.peer.floor import floor_server  # noqa: E402
-from bench.results import median_of_rounds, print_ratios, side_order, write_result  # noqa: E402
-from bench.serving import over_limit  # noqa: E402
-from bench.workload import export_workload, make_jpegs, make_model  # noqa: E402
+from bench.results import median_of_rounds, print_ratios, write_result  # noqa: E402
+from bench.serving import measure_rounds, over_limit  # noqa: E402
+from bench.workload import make_jpegs, make_model, workload_name  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 
@@ -94,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     sides = [f"ours_{n}_workers" for n in args.workers] + floor
     if args.arrangements:
         sides += [f"floor_{n}_{way}" for n in args.workers if n > 1 for way in ("sessions", "shared_model")]
-    rounds: list[dict[str, Any]] = []
-    for round_ in range(args.rounds):
-        this_round: dict[str, Any] = {"limit": limit_round(model, jpegs, args.seconds)}
-        for side in side_order(sides, round_):
-            this_round[side] = measure(side, folder, jpegs, args, work / f"{side}{round_}.log")
-        rounds.append(this_round)
-        print(f"round {round_ + 1}/{args.rounds}: limit {this_round['limit']['images_per_s']:.1f} images/s")
+    rounds = measure_rounds(
+        args.rounds,
+        sides,
+        lambda: limit_round(model, jpegs, args.seconds),
+        lambda side, round_, _: measure(side, folder, jpegs, args, work / f"{side}{round_}.log"),
+        shown=str(max(args.concurrency)),
+    )
     median = median_of_rounds(rounds)
     print(f"limit (in-process, median of {args.rounds} rounds): {median['limit']['images_per_s']:.1f} images/s")
     figures: dict[str, str] = {}
@@ -129,15 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             "limit": median["limit"],
             "sides": {side: median[side] for side in sides},
         },
-        workload="-".join(
-            filter(
-                None,
-                (
-                    export_workload(folder) if args.export else "",
-                    "int8" if args.precision == "int8" else "",
-                    "arrangements" if args.arrangements else "",
-                ),
-            )
+        workload=workload_name(
+            args.export, "int8" if args.precision == "int8" else "", "arrangements" if args.arrangements else ""
         ),
         folder=args.results_dir,
     )

@@ -93,6 +93,12 @@ def write_jpegs(folder: Path, count: int) -> Path:
     return folder
 
 
+def workload_name(export: Path | None, *variants: str) -> str:
+    """A result's workload: the export given with --export (none: the benchmark's default model) and the variants
+    that are not the default (`int8`, `arrangements`), joined: `resnet18-32px-int8`, or "" for the default."""
+    return "-".join(part for part in (export_workload(export) if export else "", *variants) if part)
+
+
 def export_workload(folder: Path) -> str:
     """What an export given with --export is, for its result's name: the model and, for an image model, the size
     its images are resized to (`resnet18-32px`, the demo's digits model, against the default `resnet18` at 224 px)."""

@@ -36,7 +36,7 @@ from gpu_text import text_on_device  # noqa: E402  (beside this script)
 from bench.load import uploads  # noqa: E402
 from bench.results import result_path  # noqa: E402
 from bench.serve_throughput import default_sides  # noqa: E402
-from bench.workload import export_workload  # noqa: E402
+from bench.workload import workload_name  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from export.ort_cuda import preload_cuda_libraries  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -301,7 +301,7 @@ def serving_benchmark(
         out / "bench.log",
         timeout=900,
     )
-    result = json.loads(result_path("serve_throughput", device, export_workload(Path(folder)), out).read_text())
+    result = json.loads(result_path("serve_throughput", device, workload_name(Path(folder)), out).read_text())
     ours = result["services"]["ours"]
     if "peer_minimal" in sides:  # batching must pay: on an H200, unpadded batches once made ours 0.22 x at c=16
         slower = {
@@ -330,7 +330,7 @@ def workers_per_device(out: Path, folder: str, device: str, dry_run: bool, round
         out / "workers.log",
         timeout=900,
     )
-    workload = f"{export_workload(Path(folder))}-arrangements"
+    workload = workload_name(Path(folder), "arrangements")
     return json.loads(result_path("workers", device, workload, out).read_text())["figures"]
 
 

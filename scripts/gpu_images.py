@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.detection_serving import make_model  # noqa: E402
 from bench.results import result_path  # noqa: E402
-from bench.workload import export_workload  # noqa: E402
+from bench.workload import workload_name  # noqa: E402
 from export.detection_parity import Detections, match_detections  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
@@ -121,6 +121,6 @@ def images_on_device(out: Path, device: str, seconds: float, rounds: int, dry_ru
         (out / f"{arch}_bench.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
             raise RuntimeError(f"python -m bench detection_serving failed ({done.returncode}): {done.stderr[-500:]}")
-        result = json.loads(result_path("detection_serving", device, export_workload(folder), out / arch).read_text())
+        result = json.loads(result_path("detection_serving", device, workload_name(folder), out / arch).read_text())
         details[arch] = {"parity": parity["pass"], **agreed, "ratios": result["ratios"]}
     return details

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 from bench.load import Upload  # noqa: E402
 from bench.results import result_path  # noqa: E402
 from bench.text_serving import make_model, make_texts, requests_for  # noqa: E402
-from bench.workload import export_workload  # noqa: E402
+from bench.workload import workload_name  # noqa: E402
 from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
@@ -78,7 +78,7 @@ def text_on_device(out: Path, device: str, seconds: float, rounds: int, sides: l
     (out / "text_bench.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"python -m bench text_serving failed ({done.returncode}): {done.stderr[-500:]}")
-    result = json.loads(result_path("text_serving", device, export_workload(folder), out).read_text())
+    result = json.loads(result_path("text_serving", device, workload_name(folder), out).read_text())
     return {
         "parity": {r["artifact"]: r["passed"] for r in parity["results"]},
         "text_checks": {c["check"]: c["pass"] for c in parity["text"]},

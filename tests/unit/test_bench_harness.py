@@ -94,7 +94,7 @@ def test_a_serving_result_keeps_every_round_and_the_medians(tmp_path):
     median = results.median_of_rounds(rounds)
     args = Namespace(export=None, results_dir=tmp_path, device="cpu")
     ratios = over_limit(median, ["ours"], [64])
-    path = write_serving_result("detection_serving", args, tmp_path, rounds, median, ["ours"], {"ratios": ratios})
+    path = write_serving_result("detection_serving", args, rounds, median, ["ours"], {"ratios": ratios})
     record = json.loads(path.read_text())
     assert path == tmp_path / "detection_serving.json" and record["rounds"] == 3 and record["per_round"] == rounds
     assert record["limit"] == {"images_per_s": 90.0} and record["services"]["ours"]["64"]["images_per_s"] == 76.0
