@@ -23,8 +23,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from export.provenance import Provenance, load_checked, trace
 from export.sources import Source
-from export.unwrap import LoadMismatch, Unwrapped, strict_load, unwrap_keys
+from export.unwrap import LoadMismatch, Unwrapped, unwrap_keys
 from train.class_names import check_class_names
 from train.models import TIMM_PREFIX, build_model, check_arch, eval_defaults, is_timm, timm_has, timm_name
 from train.preprocessing import Preprocessing
@@ -124,19 +125,26 @@ def classes_in_heads(
 
 
 def load_by_heads(
-    make: Callable[[int], nn.Module], src: Source, arch: str, labels: list[str] | None, timings: dict[str, float]
-) -> tuple[nn.Module, Unwrapped, list[str]]:
-    """A detector or segmenter built by `make(num_classes)` with the checkpoint's weights (strictly, wrapper
-    prefixes removed), in eval mode, and its class names (`labels`, --labels, else the indices)."""
+    make: Callable[[int], nn.Module],
+    src: Source,
+    arch: str,
+    labels: list[str] | None,
+    timings: dict[str, float],
+    allow_partial: bool = False,
+) -> tuple[nn.Module, Unwrapped, list[str], Provenance]:
+    """A detector or segmenter built by `make(num_classes)` with the checkpoint's weights (every tensor, wrapper
+    prefixes removed), in eval mode, its class names (`labels`, --labels, else the indices) and its provenance."""
     from export.steps import timed
 
     with timed(timings, "load"):
         num_classes, unwrapped = classes_in_heads(make, src.state_dict, arch)
         model = make(num_classes)
-        strict_load(model, unwrapped.state_dict, arch)
+        loaded, tied = load_checked(model, unwrapped, arch, allow_partial)
+        model = model.float().eval()
+        provenance = trace(model, unwrapped, loaded, tied, arch, allow_partial)
     if labels is not None and len(labels) != num_classes:
         raise ValueError(f"--labels lists {len(labels)} names but {arch} has {num_classes} classes (background first)")
-    return model.float().eval(), unwrapped, labels or [str(i) for i in range(num_classes)]
+    return model, unwrapped, labels or [str(i) for i in range(num_classes)], provenance
 
 
 def _image_size(src: Source, flag: int | None) -> int | None:
@@ -214,9 +222,11 @@ def resolve_model(
     return ModelSpec(arch, num_classes, classes, preprocess, model, unwrapped)
 
 
-def build_user_model(src: Source, model_flag: str) -> tuple[nn.Module, Unwrapped]:
+def build_user_model(
+    src: Source, model_flag: str, allow_partial: bool = False
+) -> tuple[nn.Module, Unwrapped, Provenance]:
     """Your own module (`--model module:factory`, called with no arguments) with the checkpoint's weights,
-    wrapper prefixes removed, loaded strictly: any other model than an image classifier."""
+    wrapper prefixes removed, every tensor accounted for: any other model than an image classifier."""
     factory = _user_factory(model_flag)
     try:
         model = factory()
@@ -228,14 +238,18 @@ def build_user_model(src: Source, model_flag: str) -> tuple[nn.Module, Unwrapped
         raise ValueError(f"--model={model_flag}: returned {type(model).__name__}, not an nn.Module")
     state = src.module.state_dict() if src.module is not None else src.state_dict
     unwrapped = unwrap_keys(state, set(model.state_dict()))
-    strict_load(model, unwrapped.state_dict, model_flag)
-    return model.eval(), unwrapped
+    loaded, tied = load_checked(model, unwrapped, model_flag, allow_partial)
+    model = model.eval()
+    return model, unwrapped, trace(model, unwrapped, loaded, tied, model_flag, allow_partial)
 
 
-def load_weights(spec: ModelSpec, src: Source, arch_is_a_name: bool) -> None:
-    """The strict load; when the keys do not fit but fit the same name in the other library, say so."""
+def load_weights(
+    spec: ModelSpec, src: Source, arch_is_a_name: bool, allow_partial: bool = False
+) -> tuple[set[str], dict[str, str]]:
+    """export/provenance.py's checked load (the keys loaded, the tied ones); when the keys do not fit but fit
+    the same name in the other library, say so."""
     try:
-        strict_load(spec.model, spec.unwrapped.state_dict, spec.arch)
+        return load_checked(spec.model, spec.unwrapped, spec.arch, allow_partial)
     except LoadMismatch as err:
         hint = other_library_hint(spec.arch, src.state_dict, spec.preprocess["crop"]) if arch_is_a_name else ""
         if hint:

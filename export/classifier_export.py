@@ -38,7 +38,7 @@ from export.manifest import (
 from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_precision, run_parity
 from export.steps import library_versions, timed
 
-EXIT_OK, EXIT_PARITY = 0, 3
+EXIT_OK, EXIT_PARITY, EXIT_UNCHECKED = 0, 3, 4
 EXPORT_BATCH = 2
 
 
@@ -117,8 +117,12 @@ def write_and_check(
         images, origin = real_images(data, options.samples, REAL_IMAGES, options.val_split)
         inputs, described = parity_inputs(pre, images, origin)
         computing = set(formats) - {"safetensors"}
-        results = run_parity(model, folder, inputs, formats, device, options.fp16, tol) if computing else []
-    manifest["parity"] = parity_report(results, device, options.fp16, tol, precision, len(inputs), described)
+        results, not_checked = (
+            run_parity(model, folder, inputs, formats, device, options.fp16, tol) if computing else ([], None)
+        )
+    manifest["parity"] = parity_report(
+        results, device, options.fp16, tol, precision, len(inputs), described, not_checked=not_checked
+    )
     if manifest["parity"]["pass"]:
         with timed(timings, "decode_check"):
             check = check_fast_decode(model, pre, images)  # the same real images parity ran on
@@ -138,7 +142,16 @@ def write_and_check(
         int8_passed = report.passed
     manifest["artifacts"] = describe_artifacts(folder, [f for e in exported.values() for f in e["files"]])
     manifest["versions"] = library_versions()
-    verdict = manifest["parity"]["pass"]
-    manifest["status"] = {True: "passed", False: "failed", None: "not checked"}[verdict]
+    status = settle(manifest)
     write_manifest(folder, manifest)
-    return EXIT_PARITY if verdict is False or not int8_passed else EXIT_OK
+    return EXIT_PARITY if status == EXIT_OK and not int8_passed else status
+
+
+def settle(manifest: dict[str, Any]) -> int:
+    """The manifest's `status` from its parity verdict, and the exit status: passed, 0; failed, 3; not checked, 4
+    when the reference gave nothing to compare, 0 when no computing format was asked for (--formats safetensors)."""
+    report = manifest["parity"]
+    manifest["status"] = {True: "passed", False: "failed", None: "not checked"}[report["pass"]]
+    if report["pass"] is False:
+        return EXIT_PARITY
+    return EXIT_UNCHECKED if report["pass"] is None and report.get("not_checked") else EXIT_OK

@@ -11,8 +11,14 @@
     python -m export out/checkpoint-30                       # Hugging Face Trainer's checkpoint, with its tokenizer
     python -m export state.pt --hf-config base-model/        # a DDP state_dict of a Hugging Face model
 
-Exit status: 0 exported and parity passed; 2 bad input or usage (one line on stderr, nothing written);
-3 parity failed (report printed, folder written with status "failed", never registered).
+Exit status: 0 exported and parity passed; 2 bad input or usage (one line on stderr, nothing written), the
+weights not the checkpoint's whole model included; 3 parity failed (report printed, folder written with status
+"failed", never registered); 4 parity compared nothing (a detector that finds nothing anywhere, a model that
+answers every input alike: status "not checked", never registered; 0 with --accept-unchecked).
+
+Every export first proves provenance: each parameter and buffer of the exported model equals the checkpoint's
+tensor of that name (tied weights only where the model declares them), and every model tensor of the checkpoint
+was used; the manifest's `provenance` and the report's first line say so.
 
 This module is the command line: its options, and every check of them that needs no torch. The export itself
 (export/run.py) imports torch, about 7 s of CPU here: a mistyped option, a bad number or a missing labels file
@@ -139,6 +145,13 @@ def get_args_parser() -> argparse.ArgumentParser:
         "folder (default: refused)",
     )
     read.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="a deliberate partial load (a re-initialised head): export even though some model tensors are not in "
+        "the checkpoint or some checkpoint tensors fit nowhere; the manifest's provenance lists both (default: "
+        "refused, naming the first few)",
+    )
+    read.add_argument(
         "--trust-pickle",
         action="store_true",
         help="allow full unpickling; this runs code from the "
@@ -203,6 +216,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="INT8: the most top-1 it may lose, in "
         "percentage points, on the validation set (or in agreement with fp32); past it, exit 3 and "
         "the INT8 artifact is marked failed and never served (default: 1.0)",
+    )
+    check.add_argument(
+        "--accept-unchecked",
+        action="store_true",
+        help="exit 0 when parity compared nothing (no detection on any input, the same answer for every input); "
+        "the folder is still marked 'not checked' and the service will not serve it (default: exit 4)",
     )
     check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-4, fp16 5e-2)")
     check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: 1e-3, fp16 5e-2)")

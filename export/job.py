@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from export.provenance import Provenance
 from export.sources import Source
 from export.unwrap import Unwrapped
 
@@ -25,9 +26,10 @@ class Job:
     described: str
 
 
-def source_fields(checkpoint: Path, src: Source, unwrapped: Unwrapped) -> dict[str, Any]:
-    """The manifest's `source`: where the weights came from and what was done to read them."""
-    return {
+def origin_fields(checkpoint: Path, src: Source, unwrapped: Unwrapped, provenance: Provenance) -> dict[str, Any]:
+    """The manifest's `source` (where the weights came from and what was done to read them) and `provenance`
+    (export/provenance.py: every tensor of the exported model traced to the checkpoint)."""
+    source = {
         "checkpoint": str(checkpoint.resolve()),
         "sha256": src.sha256,
         "container": src.kind,
@@ -36,6 +38,7 @@ def source_fields(checkpoint: Path, src: Source, unwrapped: Unwrapped) -> dict[s
         "ignored_keys": unwrapped.ignored[:20],
         "device_tags": [t for t in src.device_tags if t != "cpu"],
     }
+    return {"source": source, "provenance": provenance.to_manifest()}
 
 
 def log_loading(src: Source, unwrapped: Unwrapped) -> None:

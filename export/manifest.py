@@ -46,7 +46,7 @@ def new_manifest(
     classes: list[str],
     preprocess: dict[str, Any],
     dtype: str,
-    source: dict[str, Any],
+    origin: dict[str, Any],
     timings: dict[str, float],
 ) -> dict[str, Any]:
     """The manifest's description of the model; export adds `onnx`, `parity`, `int8`, `artifacts`,
@@ -65,13 +65,13 @@ def new_manifest(
             "layout": "NCHW",
         },
         "preprocess": preprocess,
-        "source": source,
+        **origin,  # `source` and `provenance` (export/job.py)
         "timings": timings,  # seconds per phase, filled in as they finish
     }
 
 
 def new_tensor_manifest(
-    arch: str, signature: Signature, dynamic: dict[str, list[int]], source: dict[str, Any], timings: dict[str, float]
+    arch: str, signature: Signature, dynamic: dict[str, list[int]], origin: dict[str, Any], timings: dict[str, float]
 ) -> dict[str, Any]:
     """The manifest of any other model (`task` tensors): its signature instead of classes and preprocessing."""
     return {
@@ -80,7 +80,7 @@ def new_tensor_manifest(
         "signature": signature.to_dict(),
         "arch": arch,
         "dynamic": dynamic,  # the --dynamic dimensions beyond the batch, by input
-        "source": source,
+        **origin,  # `source` and `provenance` (export/job.py)
         "timings": timings,
     }
 

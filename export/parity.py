@@ -134,12 +134,15 @@ def run_parity(
     device: torch.device,
     fp16: bool,
     tol: Tolerance,
-) -> list[Comparison]:
-    """Compare every artifact in `folder` with the eager fp32 `model` on `device`."""
+) -> tuple[list[Comparison], str | None]:
+    """Compare every artifact in `folder` with the eager fp32 `model` on `device`; and why that compared
+    nothing (`uninformative`), or None."""
     model = model.float().to(device).eval()
     batches = _batches(inputs)
     with torch.inference_mode():
         reference = [model(b.to(device)).float().cpu().numpy() for b in batches]
+        alone = model(inputs.to(device)).float().cpu().numpy()
+    not_checked = uninformative([alone], [inputs.numpy()])
     feed_dtype = torch.float16 if fp16 else torch.float32
     runners: list[tuple[str, str, str, str, Callable[[torch.Tensor], np.ndarray]]] = []
     if "onnx" in formats:
@@ -184,7 +187,7 @@ def run_parity(
             100 * top1,
             "pass" if passed else "FAIL",
         )
-    return results
+    return results, not_checked
 
 
 def summary_table(
@@ -219,11 +222,17 @@ def parity_report(
     inputs_described: str,
     skipped: dict[str, str] | None = None,
     batch_sizes: list[int] | None = None,
+    not_checked: str | None = None,
 ) -> dict[str, Any]:
-    """The manifest's `parity` block. With no computing artifact (safetensors only) nothing was compared:
-    `pass` is None ("not checked"), never True. `skipped`: formats that could not be written, and why."""
+    """The manifest's `parity` block. With no computing artifact (safetensors only), or a reference that gave
+    nothing to compare (`not_checked`: why, from `uninformative`), `pass` is None ("not checked"), never True, even
+    where every artifact agreed. `skipped`: formats that could not be written, and why."""
     summary = summary_table(results, device, fp16, tol, num_inputs)
     summary += [f"  {name:<22} skipped: {reason}" for name, reason in (skipped or {}).items()]
+    passed = all(r.passed for r in results) if results else None
+    if not_checked is not None and passed is not False:
+        summary.append(f"  NOT CHECKED: {not_checked}")
+        passed = None
     return {
         "summary": summary,
         "device": str(device),
@@ -234,5 +243,29 @@ def parity_report(
         "inputs_described": inputs_described,
         "results": [asdict(r) for r in results],
         "skipped": skipped or {},
-        "pass": all(r.passed for r in results) if results else None,
+        "not_checked": not_checked,
+        "pass": passed,
     }
+
+
+def uninformative(outputs: list[np.ndarray], inputs: list[np.ndarray]) -> str | None:
+    """Why parity over these reference outputs compared nothing, or None: every output (dimension 0: one row per
+    input) the same for inputs that differ, so an artifact that ignored its input would pass. A weak model whose
+    numbers move with its input is compared: this asks only that they move."""
+
+    def alike(array: np.ndarray) -> bool:
+        if len(array) < 2:
+            return True
+        if array.dtype.kind == "f":
+            return bool(np.allclose(array, array[:1], rtol=1e-6, atol=1e-7, equal_nan=True))
+        return bool(np.array_equal(array, np.broadcast_to(array[:1], array.shape)))
+
+    if not outputs or any(len(i) < 2 for i in inputs) or all(alike(i) for i in inputs):
+        return None  # one input, or inputs all alike: nothing to tell
+    if all(alike(o) for o in outputs):
+        rows = len(outputs[0])
+        return (
+            f"the eager model gives the same output for all {rows} inputs (a model that learned nothing, or weights "
+            "that were zeroed): parity cannot tell a faithful artifact from one that ignores its input"
+        )
+    return None

@@ -17,15 +17,16 @@ import torch
 
 from export import bento
 from export.architecture import load_weights, resolve_model
-from export.classifier_export import EXIT_OK, CheckOptions, tolerance_of, write_and_check
+from export.classifier_export import EXIT_OK, EXIT_UNCHECKED, CheckOptions, tolerance_of, write_and_check
 from export.cli import CheckedOptions, bad_input
 from export.compare import choose_checkpoint
 from export.detection_export import detection_job, is_detector
 from export.exporters import check_eval_mode
 from export.hf_checkpoint import find_hf_checkpoint
-from export.job import Job, log_loading, source_fields
+from export.job import Job, log_loading, origin_fields
 from export.manifest import ONNX_INT8, is_export_folder, new_manifest
 from export.out_folder import check_out, passed, replace_folder
+from export.provenance import trace, whole_module
 from export.segmentation_export import is_segmenter, segmentation_job
 from export.sources import Source, read_source
 from export.steps import timed
@@ -56,13 +57,17 @@ def classifier_job(
     with timed(timings, "load"):
         spec = resolve_model(src, args.arch, args.model, args.image_size, labels)
         if src.module is None or args.arch or args.model:
-            load_weights(spec, src, arch_is_a_name=not args.model)
+            loaded, tied = load_weights(spec, src, not args.model, args.allow_partial)
+            model = spec.model.float().eval()
+            provenance = trace(model, spec.unwrapped, loaded, tied, spec.arch, args.allow_partial)
+        else:
+            model = spec.model.float().eval()
+            provenance = whole_module(model, spec.arch)
     log_loading(src, spec.unwrapped)
-    model = spec.model.float().eval()
     check_eval_mode(model)
-    source = source_fields(checkpoint, src, spec.unwrapped)
+    origin = origin_fields(checkpoint, src, spec.unwrapped, provenance)
     dtype = "float16" if args.fp16 else "float32"
-    manifest = new_manifest(spec.arch, spec.classes, spec.preprocess, dtype, source, timings)
+    manifest = new_manifest(spec.arch, spec.classes, spec.preprocess, dtype, origin, timings)
     hints = src.preprocess_hints
     options = CheckOptions(
         args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop, hints.get("val_split")
@@ -105,7 +110,7 @@ def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
     os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the export from a service running as another user
     try:
         status = job.write(staging)
-        if status != EXIT_OK and is_export_folder(out) and passed(out):
+        if manifest["status"] != "passed" and is_export_folder(out) and passed(out):
             kept, out = out, out.with_name(out.name + ".failed")  # a good export survives a failed attempt
             log.warning(
                 "this attempt failed its checks: %s keeps the previous, passing export; the attempt is in %s", kept, out
@@ -115,9 +120,24 @@ def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    seconds = time.monotonic() - started
+    return _report(args, job, out, status, time.monotonic() - started)
+
+
+def _report(args: argparse.Namespace, job: Job, out: Path, status: int, seconds: float) -> int:
+    """Print what was proven (provenance, then the parity table) and the verdict; register a passed export."""
+    manifest = job.manifest
+    report = [manifest["provenance"]["summary"], *manifest["parity"]["summary"]]
+    if status == EXIT_UNCHECKED:
+        print("\n".join(report), file=sys.stderr)
+        print(
+            f"export: parity NOT CHECKED: {manifest['parity']['not_checked']}; {out} is marked 'not checked', was not "
+            "registered, and the service will not serve it"
+            + ("" if args.accept_unchecked else " (exit 4; --accept-unchecked exits 0)"),
+            file=sys.stderr,
+        )
+        return EXIT_OK if args.accept_unchecked else status
     if status != EXIT_OK:
-        print("\n".join(manifest["parity"]["summary"]), file=sys.stderr)
+        print("\n".join(report), file=sys.stderr)
         if manifest["parity"]["pass"]:
             print(
                 f"export: the INT8 accuracy gate FAILED; {ONNX_INT8} in {out} is marked failed and will not be served; "
@@ -131,13 +151,14 @@ def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
             )
         return status
     if manifest["status"] == "not checked":
+        print(report[0])
         print(
             f"exported {manifest['arch']} weights to {out} in {seconds:.1f}s; parity NOT CHECKED (no format that "
             "computes: add onnx, torchscript or pt2 to --formats); not registered, and the service will not serve it"
         )
         return EXIT_OK
     tag = None if args.no_bento else bento.register(out, manifest, args.name)
-    print("\n".join(manifest["parity"]["summary"]))
+    print("\n".join(report))
     print(
         f"exported {job.described} to {out} in {seconds:.1f}s; parity passed"
         + (f"; BentoML model {tag}" if tag else "")

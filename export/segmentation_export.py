@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from export.architecture import load_by_heads
 from export.classifier_export import tolerance_of
-from export.job import Job, log_loading, source_fields
+from export.job import Job, log_loading, origin_fields
 from export.manifest import new_tensor_manifest
 from export.signature import TASK_SEMANTIC_SEGMENTATION
 from export.sources import Source
@@ -92,13 +92,14 @@ def segmentation_job(
     """`labels`: --labels, one name per class index (index 0 is the references' background)."""
     refuse_classifier_flags(args, "a segmenter", allowed=("arch", "labels"))
     aux_loss = bool(src.preprocess_hints.get("aux_loss")) or any("aux_classifier." in k for k in src.state_dict)
-    model, unwrapped, labels = load_by_heads(lambda n: _build(arch, n, aux_loss), src, arch, labels, timings)
+    make = lambda n: _build(arch, n, aux_loss)  # noqa: E731
+    model, unwrapped, labels, provenance = load_by_heads(make, src, arch, labels, timings, args.allow_partial)
     log_loading(src, unwrapped)
     example = example_images()
     dynamic: dict[str, tuple[int, ...]] = {"image": (2, 3)}
     signature, wrapped = describe(SegmentationGraph(model).eval(), example, dynamic)
-    source = source_fields(checkpoint, src, unwrapped)
-    manifest = new_tensor_manifest(arch, signature, {"image": [2, 3]}, source, timings)
+    origin = origin_fields(checkpoint, src, unwrapped, provenance)
+    manifest = new_tensor_manifest(arch, signature, {"image": [2, 3]}, origin, timings)
     settings: dict[str, Any] = {"resize": EVAL_SIZE, "interpolation": "bilinear", "mean": MEAN, "std": STD}
     manifest |= {
         "task": TASK_SEMANTIC_SEGMENTATION,

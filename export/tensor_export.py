@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from export.architecture import build_user_model
-from export.classifier_export import EXIT_OK, EXIT_PARITY, tolerance_of
+from export.classifier_export import settle, tolerance_of
 from export.exporters import (
     ExportCall,
     check_eval_mode,
@@ -26,7 +26,7 @@ from export.exporters import (
     export_safetensors,
     export_torchscript,
 )
-from export.job import Job, log_loading, source_fields
+from export.job import Job, log_loading, origin_fields
 from export.manifest import (
     AOTI,
     ONNX,
@@ -83,12 +83,13 @@ def tensor_job(
     dynamic = parse_dynamic(args.dynamic, example)
     with timed(timings, "load"):
         src = read_source(checkpoint, trust_pickle=args.trust_pickle, ema=args.ema)
-        model, unwrapped = build_user_model(src, args.model)
+        model, unwrapped, provenance = build_user_model(src, args.model, args.allow_partial)
     check_eval_mode(model)
     signature, wrapped = describe(model, example, dynamic)
     log_loading(src, unwrapped)  # after the checks: a refused export prints its one line and nothing else
     dims = {name: list(d) for name, d in dynamic.items()}
-    manifest = new_tensor_manifest(args.model, signature, dims, source_fields(checkpoint, src, unwrapped), timings)
+    origin = origin_fields(checkpoint, src, unwrapped, provenance)
+    manifest = new_tensor_manifest(args.model, signature, dims, origin, timings)
     tol = tolerance_of(args)
     ins = ", ".join(t.name for t in signature.inputs)
     outs = ", ".join(t.name for t in signature.outputs)
@@ -168,7 +169,7 @@ def write_tensor_export(
     )
     precision = pin_precision()
     with timed(manifest["timings"], "parity"):
-        results, cases = run_tensor_parity(model, folder, example, dynamic, list(exported), device, tol)
+        results, cases, not_checked = run_tensor_parity(model, folder, example, dynamic, list(exported), device, tol)
     results = _skip_formats_that_cannot_run(results, exported, skipped, folder)
     manifest["parity"] = parity_report(
         results,
@@ -180,10 +181,10 @@ def write_tensor_export(
         f"the example's own rows ({example.described()}): {'; '.join(cases)}",
         skipped=skipped,
         batch_sizes=sorted({1, 2, example.rows}),
+        not_checked=not_checked,
     )
     manifest["artifacts"] = describe_artifacts(folder, [f for e in exported.values() for f in e["files"]])
     manifest["versions"] = library_versions()
-    verdict = manifest["parity"]["pass"]
-    manifest["status"] = {True: "passed", False: "failed", None: "not checked"}[verdict]
+    status = settle(manifest)
     write_manifest(folder, manifest)
-    return EXIT_PARITY if verdict is False else EXIT_OK
+    return status

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from export.manifest import ONNX, PT2, TORCHSCRIPT
-from export.parity import Comparison, Tolerance, close_by_row, onnx_sessions
+from export.parity import Comparison, Tolerance, close_by_row, onnx_sessions, uninformative
 from export.tensor_model import Example, SignatureModule, first_line
 
 Runner = Callable[[Example], list[np.ndarray]]
@@ -77,12 +77,15 @@ def run_tensor_parity(
     formats: list[str],
     device: torch.device,
     tol: Tolerance,
-) -> tuple[list[Comparison], list[str]]:
-    """Each written artifact against the eager `model` on every case; and the cases' descriptions."""
+) -> tuple[list[Comparison], list[str], str | None]:
+    """Each written artifact against the eager `model` on every case; the cases' descriptions; and why that
+    compared nothing (export/parity.py's `uninformative`: the same outputs for every row), or None."""
     model = model.to(device).eval()
     cases = parity_cases(example, dynamic)
     with torch.inference_mode():
         references = [_numpy(model(*(t.to(device) for t in case.inputs.values()))) for _, case in cases]
+        every_row = _numpy(model(*(t.to(device) for t in example.inputs.values())))
+    not_checked = uninformative(every_row, [t.numpy() for t in example.inputs.values()])
     results = []
     for artifact, runtime, provider, where, run in _runners(folder, formats, device):
         worst_abs, worst_rel, reasons = 0.0, 0.0, []
@@ -111,4 +114,4 @@ def run_tensor_parity(
                     reasons.append(f"{name}: {output} outside the tolerance (max abs {max_abs:.2e})")
         reason = reasons[0] if reasons else None
         results.append(Comparison(artifact, runtime, provider, where, worst_abs, worst_rel, None, not reasons, reason))
-    return results, [name for name, _ in cases]
+    return results, [name for name, _ in cases], not_checked

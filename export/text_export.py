@@ -27,16 +27,17 @@ from tokenizers import Tokenizer
 
 from export.classifier_export import EXIT_PARITY, tolerance_of
 from export.hf_checkpoint import CONFIG, HfCheckpoint, tokenizer_folder
-from export.job import Job, log_loading, source_fields
+from export.job import Job, log_loading, origin_fields
 from export.manifest import describe_artifacts, new_tensor_manifest, write_manifest
 from export.parity import Tolerance, onnx_sessions
+from export.provenance import Provenance, load_checked, trace
 from export.signature import TASK_TEXT_CLASSIFICATION
 from export.sources import read_source
 from export.steps import timed
 from export.tensor_export import refuse_classifier_flags, write_tensor_export
 from export.tensor_model import Example, describe
 from export.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
-from export.unwrap import strict_load, unwrap_keys
+from export.unwrap import Unwrapped, unwrap_keys
 
 log = logging.getLogger("export")
 
@@ -63,8 +64,11 @@ class Logits(nn.Module):
         return {"logits": self.model(**inputs, return_dict=True).logits}
 
 
-def build_hf_model(hf: HfCheckpoint, state: dict[str, torch.Tensor], trust_remote_code: bool) -> tuple[Any, Any]:
-    """The model the config describes, with the checkpoint's weights loaded strictly (wrapper prefixes removed)."""
+def build_hf_model(
+    hf: HfCheckpoint, state: dict[str, torch.Tensor], trust_remote_code: bool, allow_partial: bool = False
+) -> tuple[Any, Unwrapped, Provenance]:
+    """The model the config describes, with every one of its tensors from the checkpoint (wrapper prefixes removed;
+    tied weights only where the model declares them), and its provenance (export/provenance.py)."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # its notes about training (the loss it would use) are not ours
@@ -78,15 +82,10 @@ def build_hf_model(hf: HfCheckpoint, state: dict[str, torch.Tensor], trust_remot
     )
     model = getattr(transformers, hf.head).from_config(config, trust_remote_code=trust_remote_code)
     unwrapped = unwrap_keys(state, set(model.state_dict()))
-    tied = set(model.state_dict()) - set(unwrapped.state_dict)
-    if tied and hasattr(model, "tie_weights"):  # tied embeddings are saved once; load the rest, then tie
-        missing, _ = model.load_state_dict(unwrapped.state_dict, strict=False)
-        model.tie_weights()
-        if set(missing) - tied:
-            strict_load(model, unwrapped.state_dict, hf.architecture)
-    else:
-        strict_load(model, unwrapped.state_dict, hf.architecture)
-    return model.float().eval(), unwrapped
+    what = f"{hf.architecture} (as {hf.config_dir / CONFIG} describes it)"
+    loaded, tied = load_checked(model, unwrapped, what, allow_partial)
+    model = model.float().eval()
+    return model, unwrapped, trace(model, unwrapped, loaded, tied, what, allow_partial)
 
 
 def load_tokenizer(folder: Path, trust_remote_code: bool) -> Any:
@@ -118,12 +117,13 @@ def _manifest(
     signature: Any,
     dynamic: dict[str, tuple[int, ...]],
     src: Any,
-    unwrapped: Any,
+    unwrapped: Unwrapped,
+    provenance: Provenance,
     timings: dict[str, float],
 ) -> dict[str, Any]:
     """The manifest of any model, for this Hugging Face checkpoint (a text model adds its own fields)."""
-    source = source_fields(hf.weights, src, unwrapped)
-    return new_tensor_manifest(hf.architecture, signature, {n: list(d) for n, d in dynamic.items()}, source, timings)
+    origin = origin_fields(hf.weights, src, unwrapped, provenance)
+    return new_tensor_manifest(hf.architecture, signature, {n: list(d) for n, d in dynamic.items()}, origin, timings)
 
 
 def _long_text(settings: TokenizerSettings) -> str:
@@ -139,10 +139,10 @@ def text_job(
         src = read_source(hf.weights, trust_pickle=args.trust_pickle, ema=args.ema)
         if hf.weights == hf.config_dir:  # Trainer's checkpoint-N or a save_pretrained folder
             src.kind = "transformers"
-        model, unwrapped = build_hf_model(hf, src.state_dict, args.trust_remote_code)
+        model, unwrapped, provenance = build_hf_model(hf, src.state_dict, args.trust_remote_code, args.allow_partial)
     folder = tokenizer_folder(hf, args.tokenizer)
     if folder is None:
-        return _token_ids_job(args, hf, model, src, unwrapped, formats, device, timings)
+        return _token_ids_job(args, hf, model, src, (unwrapped, provenance), formats, device, timings)
     tokenizer = load_tokenizer(folder, args.trust_remote_code)
     settings = tokenizer_settings(tokenizer, model.config)
     served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
@@ -151,7 +151,7 @@ def text_job(
     signature, wrapped = describe(Logits(model), example, dynamic)
     log_loading(src, unwrapped)
     labels = [str(model.config.id2label.get(i, i)) for i in range(model.config.num_labels)]
-    manifest = _manifest(hf, signature, dynamic, src, unwrapped, timings)
+    manifest = _manifest(hf, signature, dynamic, src, unwrapped, provenance, timings)
     manifest |= {
         "task": TASK_TEXT_CLASSIFICATION,
         "labels": labels,
@@ -173,7 +173,7 @@ def _token_ids_job(
     hf: HfCheckpoint,
     model: Any,
     src: Any,
-    unwrapped: Any,
+    loaded: tuple[Unwrapped, Provenance],
     formats: list[str],
     device: torch.device,
     timings: dict[str, float],
@@ -192,8 +192,8 @@ def _token_ids_job(
     example = Example({"input_ids": ids, "attention_mask": mask}, keywords=True)
     dynamic: dict[str, tuple[int, ...]] = {"input_ids": (1,), "attention_mask": (1,)}
     signature, wrapped = describe(Logits(model), example, dynamic)
-    log_loading(src, unwrapped)
-    manifest = _manifest(hf, signature, dynamic, src, unwrapped, timings)
+    log_loading(src, loaded[0])
+    manifest = _manifest(hf, signature, dynamic, src, *loaded, timings)
     tol = tolerance_of(args)
     return Job(
         manifest,

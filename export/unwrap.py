@@ -1,11 +1,11 @@
 """Match a checkpoint's keys to the target module's own keys, removing wrapper prefixes wherever they stand.
 
 `module.` (DDP, DataParallel; also mid-key when only a submodule was wrapped), `_orig_mod.`
-(torch.compile, in either order with `module.`) and an attribute prefix such as Lightning's `model.`
-are removed only where that turns a key into one the target module really has: no blind string
-replacement, so a model that genuinely has a submodule called `module` keeps it.
-
-Then a strict load (never `strict=False`), with a short readable diff when it does not fit.
+(torch.compile, in either order with `module.`) and attribute prefixes of any depth (Lightning's `model.`, a
+user's `net.backbone.` around a Hugging Face model) are removed only where that turns a key into one the target
+module really has: no blind string replacement, so a model that genuinely has a submodule called `module` keeps
+it. Whether the result then fits the model exactly is export/provenance.py's check (`load_checked`), never
+`strict=False`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 import torch
-import torch.nn as nn
 
 WRAPPER_SEGMENTS = ("module", "_orig_mod")
 
@@ -41,10 +40,12 @@ def _candidates(key: str) -> list[tuple[str, tuple[str, ...], str | None]]:
             kept = [p for i, p in enumerate(parts) if i not in drop]
             removed = tuple(parts[i] for i in drop)
             out.append((".".join(kept), removed, None))
-            if len(kept) > 1 and kept[0] not in WRAPPER_SEGMENTS:
-                out.append((".".join(kept[1:]), removed, kept[0]))
-    # Fewest removals first; an attribute prefix only after the wrapper segments have been tried.
-    out.sort(key=lambda c: len(c[1]) + (1.5 if c[2] is not None else 0))
+            for depth in range(1, len(kept)):
+                if any(p in WRAPPER_SEGMENTS for p in kept[:depth]):
+                    break
+                out.append((".".join(kept[depth:]), removed, ".".join(kept[:depth])))
+    # Fewest removals first; an attribute prefix only after the wrapper segments, the shallowest first.
+    out.sort(key=lambda c: len(c[1]) + (0 if c[2] is None else 1 + 0.5 * c[2].count(".")))
     return out
 
 
@@ -69,30 +70,12 @@ def unwrap_keys(state: dict[str, torch.Tensor], target_keys: set[str]) -> Unwrap
     result = Unwrapped(mapped, removed=[f"{w}." for w in WRAPPER_SEGMENTS if wrappers[w]])
     result.removed += [f"{p}. (attribute prefix)" for p in prefixes]
     for key in unmatched:
-        # With an attribute prefix (Lightning's `model.`), keys outside it belong to the container, not the model.
-        if prefixes and key.split(".")[0] not in prefixes:
+        # Beside a one-segment attribute prefix (Lightning's `model.`), keys outside it are the container's own
+        # (its loss's weights); beside a deeper one they are the user's wrapper's, part of what was trained.
+        bare = ".".join(p for p in key.split(".") if p not in WRAPPER_SEGMENTS)
+        container = prefixes and all("." not in p for p in prefixes)
+        if container and not any(bare.startswith(p + ".") for p in prefixes):
             result.ignored.append(key)
         else:
-            mapped[key] = state[key]  # reported as unexpected by the strict load
+            mapped[key] = state[key]  # reported as unexpected by export/provenance.py
     return result
-
-
-def strict_load(model: nn.Module, state: dict[str, torch.Tensor], arch_hint: str) -> None:
-    """`load_state_dict(strict=True)`, preceded by a diff a person can read when it would fail."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in own
-        if k in state and state[k].shape != own[k].shape
-    ]
-    if missing or unexpected or shapes:
-        lines = [f"the weights do not fit {arch_hint}:"]
-        for title, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
-            if items:
-                shown = ", ".join(items[:4]) + (f", ... ({len(items)} in all)" if len(items) > 4 else "")
-                lines.append(f"  {title}: {shown}")
-        lines.append("  hint: did you pass the right --arch (or --model)? Wrapper prefixes were already removed.")
-        raise LoadMismatch("\n".join(lines))
-    model.load_state_dict(state, strict=True)
