@@ -2,8 +2,10 @@
 
 DCP, as FSDP2 and torchtitan write it: `step-N/` with `.metadata` and one `__R_0.distcp` per rank.
 torchtitan keeps the model's keys at the top level beside `optimizer`, `lr_scheduler`, `dataloader` and
-`train_state`; other scripts nest them under `model`. It is read in this one process, with no process
-group: sharded DTensors come back whole, and only the model's tensors are read, never the optimizer's, so
+`train_state`; other scripts nest them under `model`, and PyTorch's own FSDP2 recipe one level deeper, in a
+stateful object (`{"app": AppState(model, optimizer)}`: `app.model.*` beside `app.optim.*`). The model's tensors
+are found by that structure (`_model_keys`), never by a first key segment. It is read in this one process, with
+no process group: sharded DTensors come back whole, and only the model's tensors are read, never the optimizer's, so
 exporting a large run does not need its optimizer's memory. Given the folder that holds the `step-N`
 folders, the newest step is read.
 
@@ -68,19 +70,42 @@ def _newest_step(folder: Path) -> Path | None:
     return max(numbered)[1] if numbered else (steps[0] if len(steps) == 1 else None)
 
 
+def _container(key: str) -> list[str]:
+    """The segments of a DCP key that name where it is kept, not what it is: up to and including the first `model`
+    segment (`app.model.` in PyTorch's FSDP2 recipe), or every segment where there is none (an optimizer's state is
+    keyed by parameter names, so any segment may say it is training state)."""
+    parts = key.split(".")
+    return parts[: parts.index("model") + 1] if "model" in parts else parts
+
+
 def _model_keys(keys: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(model key -> DCP key, EMA key -> DCP key): nested under `model.` when the file does so, else the
-    top-level keys that are not training state; an `*ema*` top-level entry holds EMA weights."""
+    """(model key -> DCP key, EMA key -> DCP key), found by structure, at any depth of nested stateful objects:
+    a key whose container names training state (NOT_MODEL: the optimizer's, the scheduler's) is not the model's;
+    one whose container names EMA weights is the EMA's; of the rest, the common prefix up to its first `model`
+    segment is the container and is removed (`model.`, `app.model.`); export/unwrap.py removes anything deeper
+    only where that makes the keys the model's own."""
+    model: list[str] = []
+    ema: list[str] = []
+    for key in keys:
+        container = _container(key)
+        if any(part in NOT_MODEL for part in container):
+            continue
+        (ema if any(part in EMA_KEYS for part in container) else model).append(key)
+    return _without_container(model, ("model",)), _without_container(ema, EMA_KEYS)
 
-    def first(key: str) -> str:
-        return key.split(".", 1)[0]
 
-    ema_roots = [k for k in EMA_KEYS if any(first(key) == k for key in keys)]
-    ema = {key.split(".", 1)[1]: key for key in keys if ema_roots and first(key) == ema_roots[0]}
-    if any(first(key) == "model" for key in keys):
-        return {key.split(".", 1)[1]: key for key in keys if first(key) == "model"}, ema
-    model = {key: key for key in keys if first(key) not in NOT_MODEL and first(key) not in EMA_KEYS}
-    return model, ema
+def _without_container(keys: list[str], ends: tuple[str, ...]) -> dict[str, str]:
+    """{key less the container: DCP key}: the container is the keys' common prefix up to its first segment in
+    `ends` (none: nothing is removed)."""
+    if not keys:
+        return {}
+    common = keys[0].split(".")[:-1]
+    for key in keys[1:]:
+        parts = key.split(".")
+        while common and parts[: len(common)] != common:
+            common.pop()
+    cut = next((i + 1 for i, part in enumerate(common) if part in ends), 0)
+    return {key.split(".", cut)[-1] if cut else key: key for key in keys}
 
 
 class _SafeReader(dcp.FileSystemReader):
@@ -155,7 +180,7 @@ def read_dcp(folder: Path) -> Source:
     )
     if ema_keys:
         src.ema_state_dict = {key: state[dcp_key] for key, dcp_key in ema_keys.items()}
-        src.ema_key = next(iter(ema_keys.values())).split(".", 1)[0]
+        src.ema_key = next(iter(ema_keys.values())).split(".", 1)[0]  # the entry that holds them
     log.info("read %d model tensors from %d DCP shard(s) in %s", len(model_keys), len(shards), folder)
     return src
 

@@ -24,7 +24,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 TRAINER_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 HEADS = {  # the config's architecture suffix -> the Auto class that builds it
     "ForSequenceClassification": "AutoModelForSequenceClassification",
-    "ForTokenClassification": "AutoModelForTokenClassification",
+}
+NOT_SERVED_YET = {  # architectures people fine-tune that handoff recognises but does not serve yet
+    "ForTokenClassification": "token classification (one label per token)",
 }
 
 
@@ -46,9 +48,15 @@ class HfCheckpoint:
         for suffix, auto in HEADS.items():
             if self.architecture.endswith(suffix):
                 return auto
+        for suffix, task in NOT_SERVED_YET.items():
+            if self.architecture.endswith(suffix):
+                raise ValueError(
+                    f"{self.config_dir / CONFIG}: {self.architecture} is {task}, which handoff does not export or "
+                    "serve yet; it exports sequence classifiers (*ForSequenceClassification)"
+                )
         raise ValueError(
             f"{self.config_dir / CONFIG}: architecture {self.architecture or '(none)'}; handoff exports "
-            "sequence and token classifiers (*ForSequenceClassification, *ForTokenClassification)"
+            "sequence classifiers (*ForSequenceClassification)"
         )
 
 

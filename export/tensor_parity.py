@@ -1,9 +1,11 @@
 """Parity for any model: every artifact against the eager model, on the example's own rows.
 
 Cases: the first row, two rows, every row of the example (the batch dimension at three sizes), and for each
-length the `--dynamic` dimensions share, the example cut to about half of it (a truncated sequence), where
-that leaves at least 2 (torch.export fixes a dimension of size 1). Each output is held to `close_by_row`
-(floats within atol + rtol x the row's scale; integers and booleans exactly), per case.
+length the `--dynamic` dimensions share, the example cut to about half of it (a truncated sequence) and, for
+integer inputs (token ids), to the shortest, 2 (torch.export fixes a dimension of size 1): each dynamic dimension
+at its extremes, the example's own length being the longest. A model whose outputs are the same for every row is
+not compared (`uninformative`). Each output is held to `close_by_row` (floats within atol + rtol x the row's
+scale; integers and booleans exactly), per case.
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ def parity_cases(example: Example, dynamic: dict[str, tuple[int, ...]]) -> list[
     if rows > 2:
         cases.append((f"{rows} rows", example))
     lengths = sorted({example.inputs[n].shape[d] for n, dims in dynamic.items() for d in dims})
+    # A sequence of ids is also cut to the shortest; a float input's side (an image's) only to half, since
+    # convolutions have a smallest size of their own.
+    sequences = any(not example.inputs[n].is_floating_point() for n in dynamic)
     for length in lengths:
-        shorter = max(2, length // 2)
-        if shorter < length:
-            cases.append((f"length {length} cut to {shorter}", example.narrowed(dynamic, shorter, length)))
+        for shorter in sorted({max(2, length // 2), 2 if sequences else max(2, length // 2)}, reverse=True):
+            if shorter < length:
+                cases.append((f"length {length} cut to {shorter}", example.narrowed(dynamic, shorter, length)))
     return cases
 
 

@@ -2,9 +2,10 @@
 
 The model is built from its config (export/hf_checkpoint.py) and called with the token inputs its tokenizer
 makes (`input_ids`, `attention_mask`, and `token_type_ids` where the tokenizer gives them), giving `logits`.
-Its example is what the tokenizer makes of real sentences of several lengths, padded to the longest, so the
-tensor export's parity (export/tensor_parity.py: 1, 2 and all rows, the sequence cut short) runs on real token
-ids. Two checks are a text model's own:
+Its example is what the tokenizer makes of real texts of every length it can take, padded to the longest: the
+shortest (one word), sentences of several lengths, and one past the model's maximum length (truncated to it), so
+the tensor export's parity (export/tensor_parity.py: 1, 2 and all rows, the sequence cut short) runs on real token
+ids at both extremes and on a batch of mixed lengths. Two checks are a text model's own:
 - the served tokenizer (export/tokenizer_spec.py, the `tokenizers` library) gives the very ids the training
   tokenizer (transformers) gives, truncation included;
 - padding is exact: each sentence's logits in the padded batch equal its logits alone, in every artifact.
@@ -29,7 +30,7 @@ from export.classifier_export import EXIT_PARITY, tolerance_of
 from export.hf_checkpoint import CONFIG, HfCheckpoint, tokenizer_folder
 from export.job import Job, log_loading, origin_fields
 from export.manifest import describe_artifacts, new_tensor_manifest, write_manifest
-from export.parity import Tolerance, onnx_sessions
+from export.parity import onnx_sessions
 from export.provenance import Provenance, load_checked, trace
 from export.signature import TASK_TEXT_CLASSIFICATION
 from export.sources import read_source
@@ -50,6 +51,7 @@ SENTENCES = (
     "It works.",
     "An honest, moving and beautifully shot story about a family that keeps going when everything falls apart.",
 )
+SHORTEST = "Ok"  # one word: the fewest tokens a text gives (the special tokens around it)
 TOKENIZER_COPIES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -126,9 +128,9 @@ def _manifest(
     return new_tensor_manifest(hf.architecture, signature, {n: list(d) for n, d in dynamic.items()}, origin, timings)
 
 
-def _long_text(settings: TokenizerSettings) -> str:
-    """A text past the model's maximum length: truncation is part of what is checked."""
-    return " ".join(SENTENCES * (settings.max_length // 8 + 1))
+def parity_texts(settings: TokenizerSettings) -> list[str]:
+    """The shortest text, the sentences, and one past the model's maximum length (truncation is checked too)."""
+    return [SHORTEST, *SENTENCES, " ".join(SENTENCES * (settings.max_length // 8 + 1))]
 
 
 def text_job(
@@ -146,7 +148,8 @@ def text_job(
     tokenizer = load_tokenizer(folder, args.trust_remote_code)
     settings = tokenizer_settings(tokenizer, model.config)
     served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
-    example = Example({n: torch.from_numpy(a) for n, a in served.encode(list(SENTENCES)).rows.items()}, keywords=True)
+    texts = parity_texts(settings)
+    example = Example({n: torch.from_numpy(a) for n, a in served.encode(texts).rows.items()}, keywords=True)
     dynamic: dict[str, tuple[int, ...]] = {name: (1,) for name in settings.inputs}
     signature, wrapped = describe(Logits(model), example, dynamic)
     log_loading(src, unwrapped)
@@ -162,7 +165,7 @@ def text_job(
     def write(out: Path) -> int:
         status = write_tensor_export(wrapped, example, dynamic, formats, device, tolerance_of(args), manifest, out)
         copied = _copy_tokenizer(tokenizer, model, out)
-        checks = [_same_ids(tokenizer, served, settings), *_padding_is_exact(served, out, device, tolerance_of(args))]
+        checks = [_same_ids(tokenizer, served, texts, settings), *_padding_is_exact(served, texts, out, device, args)]
         return _add_text_checks(manifest, out, copied, checks, status)
 
     return Job(manifest, write, f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer")
@@ -218,9 +221,10 @@ def _copy_tokenizer(tokenizer: Any, model: Any, out: Path) -> list[str]:
     return [TOKENIZER_JSON, *copied, CONFIG]
 
 
-def _same_ids(tokenizer: Any, served: TextTokenizer, settings: TokenizerSettings) -> tuple[str, str | None]:
-    """The served tokenizer against the training one, on every sentence and a text past the maximum length."""
-    texts = [*SENTENCES, _long_text(settings)]
+def _same_ids(
+    tokenizer: Any, served: TextTokenizer, texts: list[str], settings: TokenizerSettings
+) -> tuple[str, str | None]:
+    """The served tokenizer against the training one, on every parity text (one past the maximum length too)."""
     ours = served.tokenizer.encode_batch(texts)
     for text, encoding in zip(texts, ours, strict=True):
         theirs = tokenizer(text, truncation=True, max_length=settings.max_length)["input_ids"]
@@ -230,16 +234,17 @@ def _same_ids(tokenizer: Any, served: TextTokenizer, settings: TokenizerSettings
 
 
 def _padding_is_exact(
-    served: TextTokenizer, out: Path, device: torch.device, tol: Tolerance
+    served: TextTokenizer, texts: list[str], out: Path, device: torch.device, args: argparse.Namespace
 ) -> list[tuple[str, str | None]]:
-    """In each ONNX session: every sentence's logits in the padded batch against its logits alone."""
-    batch = served.encode(list(SENTENCES)).rows
+    """In each ONNX session: every text's logits in the padded batch against its logits alone."""
+    tol = tolerance_of(args)
+    batch = served.encode(texts).rows
     checks = []
     for provider, _, session in onnx_sessions(out / "model.onnx", device):
         names = [i.name for i in session.get_inputs()]
         together = session.run(None, {n: batch[n] for n in names})[0]
         worst = 0.0
-        for row, text in enumerate(SENTENCES):
+        for row, text in enumerate(texts):
             alone = session.run(None, {n: a for n, a in served.encode([text]).rows.items() if n in names})[0]
             worst = max(worst, float(np.abs(together[row] - alone[0]).max()))
         scale = float(np.abs(together).max())
