@@ -253,7 +253,7 @@ def load_weights(
     except LoadMismatch as err:
         hint = other_library_hint(spec.arch, src.state_dict, spec.preprocess["crop"]) if arch_is_a_name else ""
         if hint:
-            raise LoadMismatch(f"{err}\n  {hint}") from None
+            raise LoadMismatch(f"{err}; {hint}") from None
         raise
 
 

@@ -102,7 +102,7 @@ def load_checked(
     loaded = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
     if not loaded:
         raise LoadMismatch(
-            _diff(what, missing, unexpected, shapes, state, own).replace(":\n", ": not one tensor fits\n", 1)
+            _diff(what, missing, unexpected, shapes, state, own).replace(what, f"{what}: not one tensor fits", 1)
         )
     model.load_state_dict(loaded, strict=not (missing or shapes or tied))
     tie: Any = getattr(model, "tie_weights", None)
@@ -119,16 +119,16 @@ def _diff(
     state: dict[str, torch.Tensor],
     own: dict[str, torch.Tensor],
 ) -> str:
-    lines = [f"the weights do not fit {what}:"]
+    parts = [f"the weights do not fit {what}"]
     described = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}" for k in shapes]
     for title, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", described)):
         if items:
-            lines.append(f"  {title}: {_named(items)}")
-    lines.append(
-        "  hint: is it the right model (--arch, --model, --hf-config)? Wrapper prefixes were already removed; "
-        "--allow-partial exports a deliberate partial load (a re-initialised head) and records what was not loaded"
+            parts.append(f"{title}: {_named(items)}")
+    parts.append(
+        "did you pass the right --arch, --model or --hf-config? (wrapper prefixes were already removed; "
+        "--allow-partial exports a deliberate partial load, a re-initialised head, and records what was not loaded)"
     )
-    return "\n".join(lines)
+    return "; ".join(parts)
 
 
 def check_finite(model: nn.Module, what: str) -> None:

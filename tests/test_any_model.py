@@ -402,3 +402,18 @@ def test_one_checkpoint_per_node_is_compared_before_export(trained, tmp_path):
     assert picked.returncode == 0, picked.stderr[-2000:]
     assert read_manifest_unchecked(tmp_path / "picked")["source"]["checkpoint"].endswith("node2/ckpt.pth")
     assert json.loads((tmp_path / "picked" / "manifest.json").read_text())["status"] == "passed"
+
+
+def test_a_model_that_answers_every_input_alike_is_not_checked(exports, trained, tmp_path: Path):
+    """The user's tabular model with its layers zeroed (what a collapsed run saves): every row gets the same
+    answer, so an artifact that ignored its input would agree. Exit 4, 'not checked', with the reason; the
+    trained one, weak as it is, passes on its numbers (the `exports` fixture)."""
+    state = torch.load(trained / "tabular.pth", map_location="cpu", weights_only=True)
+    zeroed = {k: torch.zeros_like(v) if ".weight" in k and "embeddings" not in k else v for k, v in state.items()}
+    torch.save(zeroed, tmp_path / "zeroed.pth")
+    out = tmp_path / "zeroed.export"
+    example = str(trained / "tabular_example.npz")
+    flags = ["--model", "models:TabularModel", "--example", example, "--formats", "onnx", "--out", str(out)]
+    done = export_cli(str(tmp_path / "zeroed.pth"), *flags)
+    assert done.returncode == 4 and "the same output for all" in done.stderr, done.stderr[-2000:]
+    assert read_manifest_unchecked(out)["status"] == "not checked"

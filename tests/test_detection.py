@@ -16,7 +16,7 @@ import pytest
 import torch
 import torchvision
 import tritonclient.http as triton
-from conftest import Server, photo_jpegs, run
+from conftest import Server, photo_jpegs, png_bytes, run
 from PIL import Image
 
 from export.detection_parity import Detections, match_detections
@@ -183,3 +183,63 @@ def test_a_detectors_wrong_requests_get_a_4xx_naming_the_problem(server, photos:
     answer = httpx.post(f"{url}/v2/models/handoff/infer", json=infer)
     assert answer.status_code == 400 and "'image'" in answer.json()["error"]
     assert httpx.get(f"{url}/readyz").status_code == 200  # still serving
+
+
+def test_the_export_proves_provenance_and_runs_parity_where_graphs_break(trained: Path):
+    manifest = read_manifest_unchecked(trained / "checkpoint.export")
+    proof = manifest["provenance"]
+    assert proof["pass"] and proof["matched"] == proof["model_tensors"] == proof["checkpoint_tensors"]
+    assert proof["summary"].startswith(f"provenance: {proof['model_tensors']} of {proof['model_tensors']}")
+    described = manifest["parity"]["inputs_described"]
+    assert "empty grey scene" in described and "200 x 200" in described and "326 x 363" in described
+    # the graph resizes to eager's very size, so its boxes are eager's to a hundredth of a pixel, not 0.6 px off
+    (result,) = manifest["parity"]["results"]
+    assert result["passed"] and result["max_abs_error"] < 0.01, result
+
+
+def test_the_graph_computes_what_eager_does_where_torchvisions_traced_code_does_not(trained: Path, tmp_path: Path):
+    """torchvision's detector traced as it is: its resize rounds 200 x 200 to 319 x 319, and with no region
+    proposal kept its box decoding cannot run in ONNX Runtime. handoff's graph: neither, and its parity checks both."""
+    from export.detection_export import export_detection_onnx, parity_images
+    from export.detection_graph import DetectionGraph, no_proposal_failure, resize_mismatch
+
+    model = torchvision.models.get_model(ARCH, weights=None, weights_backbone=None, num_classes=3)
+    model.load_state_dict(torch.load(trained / "checkpoint.pth", map_location="cpu", weights_only=False)["model"])
+    plain = tmp_path / "plain.onnx"
+    export_detection_onnx(DetectionGraph(model.eval()), plain, {})
+    empty_scene = parity_images()[-1]
+    assert "resizes 200 x 200 to 319 x 319" in (resize_mismatch(plain, 320, 640) or "")
+    assert "onnxruntime raised" in (no_proposal_failure(plain, empty_scene) or "")
+    ours = trained / "checkpoint.export" / "model.onnx"
+    assert resize_mismatch(ours, 320, 640) is None and no_proposal_failure(ours, empty_scene) is None
+
+
+def test_an_empty_scene_is_answered_as_eager(server, eager):
+    grey = png_bytes(Image.new("RGB", (320, 240), (128, 128, 128)))
+    answer = httpx.post(f"{server.url}/detect", content=grey, headers={"Content-Type": "image/png"}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    agrees(eager(grey), served(answer.json()))
+
+
+def test_a_detector_whose_training_diverged_is_refused(trained: Path, tmp_path: Path):
+    out = tmp_path / "never"
+    done = run([sys.executable, "-m", "export", str(trained / "diverged.pth"), "--out", str(out), "--no-bento"])
+    assert done.returncode == 2 and "NaN or Inf" in done.stderr and "diverged" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+def test_a_detector_that_finds_nothing_anywhere_is_not_checked(trained: Path, tmp_path: Path):
+    """No detection on either side matches trivially: 'not checked', exit 4, never served; --accept-unchecked
+    exits 0 and the folder still says so. The graph itself answers those scenes with zero detections."""
+    references = torch.load(trained / "checkpoint.pth", map_location="cpu", weights_only=False)
+    bias = references["model"]["rpn.head.cls_logits.bias"]
+    references["model"]["rpn.head.cls_logits.bias"] = torch.full_like(bias, -10.0)  # no proposal kept anywhere
+    blind = tmp_path / "blind.pth"
+    torch.save(references, blind)
+    out = tmp_path / "blind.export"
+    done = run([sys.executable, "-m", "export", str(blind), "--out", str(out), "--no-bento"])
+    assert done.returncode == 4 and "NOT CHECKED" in done.stderr and "no detection" in done.stderr, done.stderr
+    manifest = read_manifest_unchecked(out)
+    assert manifest["status"] == "not checked" and manifest["parity"]["pass"] is None
+    accepted = run([sys.executable, "-m", "export", str(blind), "--out", str(out), "--no-bento", "--accept-unchecked"])
+    assert accepted.returncode == 0 and read_manifest_unchecked(out)["status"] == "not checked"

@@ -92,7 +92,7 @@ def test_timm_checkpoint_saver_with_and_without_ema(field, tmp_path):
     assert manifest["source"]["weights"] == "EMA (state_dict_ema)"
 
 
-@pytest.mark.parametrize("layout", ["nested/step-3", "torchtitan"])
+@pytest.mark.parametrize("layout", ["nested/step-3", "torchtitan", "recipe/step-3"])
 def test_dcp_folders_written_by_fsdp2(layout, dcp_folders, tmp_path):
     expected = torch.load(dcp_folders / "expected.pt", weights_only=True)
     manifest = assert_exports_like(
@@ -101,6 +101,30 @@ def test_dcp_folders_written_by_fsdp2(layout, dcp_folders, tmp_path):
     assert manifest["source"]["container"] == "dcp"
     if layout == "torchtitan":  # the folder holding step-N folders: the newest is read
         assert "reading the newest, step-3" in manifest["stderr"]
+
+
+def test_a_hugging_face_model_saved_with_pytorchs_fsdp2_recipe_exports_its_own_weights(dcp_folders, tmp_path):
+    """`dcp.save({"app": AppState(model, optimizer)})` (keys `app.model.*` beside `app.optim.*`) of a DistilBERT
+    under FSDP2, with --hf-config: every tensor of the export is the checkpoint's, none of the optimizer's."""
+    import onnxruntime as ort
+    import transformers
+
+    out = tmp_path / "hf"
+    folder, base = dcp_folders / "hf_recipe" / "step-3", dcp_folders / "hf_base"
+    done = export_cli(str(folder), "--hf-config", str(base), "--formats", "onnx", "--out", str(out), "--no-bento")
+    assert done.returncode == 0, done.stderr[-2000:]
+    proof = read_manifest(out)["provenance"]
+    expected = torch.load(dcp_folders / "hf_expected.pt", weights_only=True)
+    assert proof["matched"] == proof["model_tensors"] == proof["checkpoint_tensors"] == len(expected)
+    model = transformers.AutoModelForSequenceClassification.from_config(transformers.AutoConfig.from_pretrained(base))
+    model.load_state_dict(expected)
+    model.eval()
+    ids = torch.randint(1, 64, (3, 8))
+    with torch.inference_mode():
+        eager = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.numpy()
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    served = session.run(None, {"input_ids": ids.numpy(), "attention_mask": np.ones((3, 8), dtype=np.int64)})[0]
+    np.testing.assert_allclose(served, eager, atol=1e-5)
 
 
 def test_dcp_reads_the_model_tensors_only(dcp_folders):

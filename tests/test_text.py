@@ -201,3 +201,84 @@ def test_a_model_without_a_tokenizer_exports_as_a_model_of_token_ids(text_run: P
     manifest = read_manifest_unchecked(out)
     assert manifest["task"] == "tensors" and manifest["status"] == "passed" and "tokenizer" not in manifest
     assert [t["name"] for t in manifest["signature"]["inputs"]] == ["input_ids", "attention_mask"]
+
+
+def test_every_tensor_of_the_trainers_export_is_the_checkpoints(text_run: Path):
+    manifest = read_manifest_unchecked(text_run / "checkpoint-30.export")
+    proof = manifest["provenance"]
+    assert proof["pass"] and proof["matched"] == proof["model_tensors"] == proof["checkpoint_tensors"]
+    assert not proof["tied"] and not proof["not_loaded_count"] and not proof["unused_count"]
+    # parity ran on the shortest text, the longest (cut at the model's 32 tokens) and a batch of mixed lengths
+    assert "input_ids int64 [8, 32]" in manifest["parity"]["inputs_described"]
+    assert "length 32 cut to 2" in manifest["parity"]["inputs_described"]
+
+
+def test_weights_of_another_architecture_are_refused_not_exported_at_random(text_run: Path, tmp_path: Path):
+    """A DistilBERT state_dict with a BERT config: not one encoder tensor fits. Refused, naming what is missing."""
+    bert = tmp_path / "bert"
+    transformers.BertConfig(
+        vocab_size=300,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_labels=2,
+        architectures=["BertForSequenceClassification"],
+    ).save_pretrained(bert)
+    out = tmp_path / "never"
+    refused = export_state_dict(text_run, bert, "--out", str(out), "--no-bento")
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("export:")]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-2000:]
+    assert "missing: bert.embeddings" in lines[0] and "(39 in all)" in lines[0]
+    assert "unexpected: module.distilbert." in lines[0]
+    assert not out.exists()
+
+
+def test_a_model_deep_in_the_users_wrapper_under_ddp_keeps_its_own_weights(text_run: Path, tmp_path: Path):
+    """`module.net.backbone.*`: the user's model holds the classifier two attributes deep, wrapped for data
+    parallelism (DataParallel names its keys as DDP does). Exported with the trained weights, not initial ones."""
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(text_run / "checkpoint-30")
+    net = torch.nn.Module()
+    net.backbone = model
+    wrapper = torch.nn.Module()
+    wrapper.net = net
+    torch.save(torch.nn.DataParallel(wrapper).state_dict(), tmp_path / "wrapped.pt")
+    out = tmp_path / "wrapped.export"
+    done = run(
+        [sys.executable, "-m", "export", str(tmp_path / "wrapped.pt"), "--hf-config", str(text_run / "base")]
+        + ["--out", str(out), "--no-bento", "--formats", "onnx,safetensors"]
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = read_manifest_unchecked(out)
+    assert manifest["source"]["removed_prefixes"] == ["module.", "net.backbone. (attribute prefix)"]
+    assert manifest["provenance"]["matched"] == manifest["provenance"]["model_tensors"]
+    ours = load_file(out / "model.safetensors")
+    theirs = load_file(text_run / "checkpoint-30.export" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_reinitialised_head_is_refused_unless_allowed_and_then_recorded(text_run: Path, tmp_path: Path):
+    state = torch.load(text_run / "ddp_state.pt", map_location="cpu", weights_only=True)
+    headless = tmp_path / "headless.pt"
+    torch.save({k: v for k, v in state.items() if ".classifier." not in k}, headless)
+    base = ["--hf-config", str(text_run / "base"), "--no-bento", "--formats", "onnx"]
+    refused = run([sys.executable, "-m", "export", str(headless), *base, "--out", str(tmp_path / "never")])
+    assert refused.returncode == 2 and "missing: classifier.weight, classifier.bias" in refused.stderr
+    assert "--allow-partial" in refused.stderr
+    out = tmp_path / "partial.export"
+    allowed = run([sys.executable, "-m", "export", str(headless), *base, "--out", str(out), "--allow-partial"])
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    proof = read_manifest_unchecked(out)["provenance"]
+    assert proof["partial"] and proof["not_loaded"] == ["classifier.bias", "classifier.weight"]
+    assert "PARTIAL" in allowed.stdout and "2 left at initialisation" in allowed.stdout
+
+
+def test_a_token_classifier_is_refused_naming_its_task(text_run: Path, tmp_path: Path):
+    token = tmp_path / "token"
+    token.mkdir()
+    config = json.loads((text_run / "base" / "config.json").read_text())
+    (token / "config.json").write_text(json.dumps({**config, "architectures": ["DistilBertForTokenClassification"]}))
+    refused = export_state_dict(text_run, token, "--no-bento")
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1 and "token classification" in lines[0], refused.stderr
