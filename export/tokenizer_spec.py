@@ -5,6 +5,13 @@ library and NumPy).
 The export writes the training tokenizer's `tokenizer.json` into the folder and `TokenizerSettings` into the
 manifest's `tokenizer`: truncation to the model's maximum length, the pad token and side, and the token inputs the
 model takes. A batch is padded to its longest text with the pad token's id and a zero attention mask.
+
+A long text is not tokenized whole: the model sees only its first `max_length` tokens, and WordPiece's search is
+quadratic in a word's length (100,000 characters of 99-letter words cost ~1 s, security round 4). So a text is
+tokenized by prefixes cut at a space, each CHARS_PER_TOKEN x max_length characters and then 4 times longer, until
+one gives more tokens than the model takes: a space ends every pre-tokenizer's word (WordPiece's, byte-level BPE's,
+SentencePiece's Metaspace), so that prefix's first `max_length` tokens are the whole text's, truncated flag
+included, at a cost that follows the tokens the model uses. export/text_export.py checks it against transformers.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import numpy as np
 MASK = "attention_mask"
 TOKENIZER_JSON = "tokenizer.json"
 ENCODING_FIELDS = {"input_ids": "ids", MASK: "attention_mask", "token_type_ids": "type_ids"}
+CHARS_PER_TOKEN = 8  # a first prefix's length, in characters per token the model takes (a token is ~4 in English)
 
 
 @dataclass(frozen=True)
@@ -73,12 +81,22 @@ class TextTokenizer:
         self.tokenizer.enable_truncation(settings.max_length)
 
     def encode(self, texts: list[str]) -> Encoded:
-        encodings = self.tokenizer.encode_batch(texts)
+        encodings = self.tokenizer.encode_batch([self._enough_of(text) for text in texts])
         parts = [
             {name: np.asarray([getattr(e, ENCODING_FIELDS[name])], dtype=np.int64) for name in self.settings.inputs}
             for e in encodings
         ]
         return Encoded(pad_to_longest(parts, self.settings), [bool(e.overflowing) for e in encodings])
+
+    def _enough_of(self, text: str) -> str:
+        """The shortest of `text`'s prefixes (module docstring) whose tokens overflow the model's maximum: its
+        encoding, truncated, is the whole text's; the text itself when none does."""
+        limit = CHARS_PER_TOKEN * self.settings.max_length
+        while (prefix := _cut_at_space(text, limit)) is not None:
+            if self.tokenizer.encode(prefix).overflowing:
+                return prefix
+            limit *= 4
+        return text
 
 
 def pad_to_longest(parts: list[dict[str, np.ndarray]], settings: TokenizerSettings) -> dict[str, np.ndarray]:
@@ -98,3 +116,11 @@ def _pad(array: np.ndarray, length: int, fill: int, side: str) -> np.ndarray:
         return array
     pad = np.full((array.shape[0], missing), fill, dtype=array.dtype)
     return np.concatenate([array, pad] if side == "right" else [pad, array], axis=1)
+
+
+def _cut_at_space(text: str, limit: int) -> str | None:
+    """`text` up to the last space before `limit` characters (None: none there, or the text is shorter)."""
+    if len(text) <= limit:
+        return None
+    cut = max(text.rfind(" ", 0, limit), text.rfind("\n", 0, limit))
+    return text[:cut] if cut > 0 else None

@@ -38,7 +38,11 @@ out-of-vocabulary token id in 1 of 121 requests failed 62 of them before, securi
 about log2(batch) extra runs of the batch's rows; a batch that passes costs nothing more.
 
 Overload: a request is refused at once with 503 when the model cannot finish it within max_latency_ms by
-the measured time per row, or when its turn comes after it has already waited that long.
+the measured time per row, or when its turn comes after it has already waited that long. The time per row is the
+median of the recent batches', so a few costly requests (a 26000 x 520 image) do not raise it for everyone after
+them, and a request that finds the model idle is always taken: nothing it would wait for is ahead of it, and a
+refused request never runs, so an estimate kept up by refusals would never come down (security round 4). A
+batcher that has refused every request for REFUSING_UNREADY_S says so (`refusing`), and the service is not ready.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ Rows = np.ndarray | dict[str, np.ndarray]  # a classifier's one input, or any mo
 # The longest a batch waits for rows still being decoded, in decodes' time: 2 and 4 measured with
 # bench/phone_photos.py, 4 served more ("Phone photos" in docs/serve.md).
 HOLD_DECODES = 4
+RECENT_BATCHES = 16  # the time per row is the median of this many recent batches'
+REFUSING_UNREADY_S = 10.0  # refusing every request for this long (and lately): not ready
 # Holds only where a decode costs at least this share of a model call: there the model is cheap beside decoding
 # and the event loop, which keep the cores busy while it waits (the digits model on 400 x 300 JPEGs: a 1.4 ms
 # decode, a ~8 ms call; fuller batches, 1.02-1.05 x at c=64). Where a call costs far more (resnet18 at 224 px:
@@ -177,11 +183,27 @@ class ModelBatcher:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="model")
         self.queue: collections.deque[_Job] = collections.deque()
         self.queued_rows = 0
-        self.seconds_per_row: float | None = None  # measured: a moving average over recent batches
+        self.recent_per_row: collections.deque[float] = collections.deque(maxlen=RECENT_BATCHES)
+        self.refused_since: float | None = None  # when the refusals began that no answered request has ended
+        self.refused_last = 0.0
         self.seconds_per_call: float | None = None  # one model call's time, whatever its batch's size
         self.running_until = 0.0  # when the batch now running is expected to end
         self.worker: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
+
+    @property
+    def seconds_per_row(self) -> float | None:
+        """The model's time per row: the median of the recent batches' (None before the first)."""
+        return float(np.median(self.recent_per_row)) if self.recent_per_row else None
+
+    @property
+    def refusing(self) -> str | None:
+        """Why the service should not be sent requests: it has refused every one for REFUSING_UNREADY_S."""
+        since, now = self.refused_since, time.monotonic()
+        # Only while refusals go on: a service taken out of rotation gets no requests, and is ready again.
+        if since is None or now - since < REFUSING_UNREADY_S or now - self.refused_last > REFUSING_UNREADY_S / 2:
+            return None
+        return f"overloaded: every request refused for {now - since:.0f}s (HANDOFF_MAX_LATENCY_MS)"
 
     async def __call__(self, batch: Rows) -> Any:
         if self._expected_wait_s(_size(batch)) > self.max_latency_s:
@@ -195,13 +217,16 @@ class ModelBatcher:
         return await job.future  # a cancelled caller cancels its future: the worker skips it
 
     def _expected_wait_s(self, rows: int) -> float:
-        if self.seconds_per_row is None:
-            return 0.0  # nothing measured yet: accept, and let the turn-time check below catch a long wait
+        per_row = self.seconds_per_row
         running = max(0.0, self.running_until - time.monotonic())
-        return running + (self.queued_rows + rows) * self.seconds_per_row
+        if per_row is None or (running == 0 and not self.queue):
+            return 0.0  # nothing measured yet, or nothing ahead: accept (the turn-time check catches a long wait)
+        return running + (self.queued_rows + rows) * per_row
 
-    @staticmethod
-    def _overloaded() -> ServiceUnavailable:
+    def _overloaded(self) -> ServiceUnavailable:
+        self.refused_last = time.monotonic()
+        if self.refused_since is None:
+            self.refused_since = self.refused_last
         return ServiceUnavailable("overloaded: the model cannot answer within HANDOFF_MAX_LATENCY_MS")
 
     def _next_batch(self) -> list[_Job]:
@@ -306,8 +331,11 @@ class ModelBatcher:
             answers: list[Rows | Exception] = [*self._call(parts)]
         except Exception as err:  # noqa: BLE001 - whatever the model raises, find whose rows caused it
             return [ModelFailed(err)] if len(parts) == 1 else self._apart(parts)
+        finally:
+            self.running_until = 0.0  # idle again, until the next batch starts
+            self.refused_since = None  # the model ran a request: the service is serving
         took = time.monotonic() - started
-        self.seconds_per_row = _average(self.seconds_per_row, took / rows)
+        self.recent_per_row.append(took / rows)
         self.seconds_per_call = _average(self.seconds_per_call, took)
         return answers
 

@@ -96,9 +96,10 @@ async def _segment_answer(image: bytes, form: str) -> dict[str, Any] | bytes:
     if service.segmenter is None:
         raise _not_this_task(service, "/segment", "segmenters")
     rows, size = await _decoded(service, service.segmenter.prepare, image)
-    mask = service.segmenter.mask(await service.batched(rows), size)
+    outputs = await service.batched(rows)
     answer = service.segmenter.summary if form == "json" else service.segmenter.png
-    return await service.decoders.run(answer, mask)  # a PNG of a large mask takes a while to encode
+    # the mask resized to the upload's size and encoded, in a decoding thread: megabytes, never on the event loop
+    return await service.decoders.run(lambda: answer(service.segmenter.mask(outputs, size)))
 
 
 async def detect(scope: Scope, body: bytes, params: dict[str, list[str]], send: Send) -> None:

@@ -26,8 +26,8 @@ def _source(manifest: dict[str, Any], show_paths: bool) -> dict[str, Any]:
 
 def service_info(service: Any, config: ServeConfig, version: str, protocol: dict[str, Any]) -> dict[str, Any]:
     """What is being served, and on what (GET /info): `service` is the service instance."""
-    if service.not_ready is not None:
-        return {"ready": False, "reason": service.not_ready, "version": version}
+    if service.unready is not None:
+        return {"ready": False, "reason": service.unready, "version": version}
     m = service.manifest
     model: dict[str, Any] = {"arch": m["arch"], "task": service.task, "signature": service.signature.to_dict()}
     if service.task == TASK_IMAGE_CLASSIFICATION:

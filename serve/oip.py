@@ -140,7 +140,7 @@ class ProtocolSurface:
         return JSONResponse({"live": True})
 
     async def ready(self, request: Request) -> JSONResponse:
-        reason = self.service().not_ready
+        reason = self.service().unready
         return JSONResponse({"ready": True}) if reason is None else error(503, f"model not ready: {reason}")
 
     def _tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]] | JSONResponse:

@@ -61,7 +61,9 @@ def _image_files(request: InferRequest, max_rows: int) -> list[bytes]:
     return list(files.value)
 
 
-async def image_task_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:
+async def image_task_infer(
+    service: Any, request: InferRequest, max_rows: int, max_answer_numbers: int
+) -> list[OutputTensor]:
     """A detector's or segmenter's infer: each image queued for the model as soon as it is decoded (so the images
     share batches, and each one's pixels are let go when it has run); a bad image fails the request and cancels
     the others."""
@@ -79,15 +81,20 @@ async def image_task_infer(service: Any, request: InferRequest, max_rows: int) -
                 raise ProtocolError(f"image[{index}]: {err}", status=err.status) from None
             rows, size = prepared if service.segmenter else (prepared, None)
             sizes.append(size)
+            if service.segmenter:  # the answer's size is known now: refused before the model runs
+                try:
+                    service.segmenter.check_answer(sizes, max_answer_numbers)
+                except BadImage as err:
+                    raise ProtocolError(str(err), status=err.status) from None
             running.append(asyncio.ensure_future(service.batched(rows)))
         answers = list(await asyncio.gather(*running))
     except BaseException:
         for future in running:
             future.cancel()
         raise
-    if service.segmenter:
-        masks = [service.segmenter.mask(a, size) for a, size in zip(answers, sizes, strict=True)]
-        return select_outputs(request, service.segmenter.protocol_outputs(masks), None)
+    if service.segmenter:  # masks resized and padded in a decoding thread: megabytes, never on the event loop
+        outputs = await service.decoders.run(service.segmenter.protocol_outputs, answers, sizes)
+        return select_outputs(request, outputs, None)
     return select_outputs(request, service.detector.protocol_outputs(answers), None)
 
 

@@ -12,6 +12,12 @@ Answers:
   classes present, largest share of the pixels first;
 - the protocol: `image` BYTES [N] in; `classes` INT32 [N, H, W] out, each image's mask in its own size, padded to
   the largest H and W of the request with -1.
+
+Bounds (security round 4): an image runs at most MODEL_PHOTOS photos' worth of pixels at the model's size (a
+26000 x 520 PNG would run at 520 x 26000, 70 photos' cost): past it, 413 before the model runs. A protocol answer,
+N masks padded to the largest height and the largest width, holds at most what one response may carry (the tensor
+models' bound, HANDOFF_MAX_BODY_MB x 65,536 numbers): checked as each image's size becomes known, before the model
+runs. Masks are resized and padded in the decoding threads, never on the event loop.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ import numpy as np
 from PIL import Image
 
 from serve.detection import OneImageEach
-from train.pil_transform import Preprocessor
+from train.pil_transform import BadImage, Preprocessor
 
 SEGMENT_FORMATS = ("png", "json")
+MODEL_PHOTOS = 4  # an image's pixels at the model's size, in 4:3 photos resized to its shorter side
 
 
 class Segmenter:
@@ -39,11 +46,23 @@ class Segmenter:
             settings["resize"], settings["resize"], np.zeros(3), np.ones(3), settings["interpolation"], max_pixels
         )
 
+    @property
+    def max_model_pixels(self) -> int:
+        return MODEL_PHOTOS * self.decoder.resize * (self.decoder.resize * 4 // 3)
+
     def prepare(self, upload: bytes) -> tuple[dict[str, np.ndarray], tuple[int, int]]:
         """An upload as the graph's input, and its own (width, height); BadImage for one it cannot take."""
         image = self.decoder.decode(upload).convert("RGB")
         size = image.size
-        resized = image.resize(self.decoder.resized_size(*size), Image.Resampling.BILINEAR)
+        width, height = self.decoder.resized_size(*size)
+        if width * height > self.max_model_pixels:
+            raise BadImage(
+                f"image is {size[0]}x{size[1]}: at the model's size, {width}x{height}, it would cost "
+                f"{width * height / (self.max_model_pixels / MODEL_PHOTOS):.0f} photos' worth of the model; at most "
+                f"{MODEL_PHOTOS} (send a crop, or the image in parts)",
+                status=413,
+            )
+        resized = image.resize((width, height), Image.Resampling.BILINEAR)
         pixels = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1)[None] / np.float32(255.0)
         return {"image": np.ascontiguousarray(pixels)}, size
 
@@ -78,8 +97,21 @@ class Segmenter:
         }
 
     @staticmethod
-    def protocol_outputs(masks: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """N masks as one INT32 tensor, padded to the largest with -1."""
+    def check_answer(sizes: list[tuple[int, int]], max_numbers: int) -> None:
+        """BadImage (413) when N masks of these (width, height)s, padded to the largest height and width, would
+        hold more numbers than one response may carry: said before the model runs."""
+        numbers = len(sizes) * max(h for _, h in sizes) * max(w for w, _ in sizes)
+        if numbers > max_numbers:
+            raise BadImage(
+                f"the answer would hold {numbers} numbers ({len(sizes)} mask(s) padded to the largest height and "
+                f"width), more than the {max_numbers} one response may carry (HANDOFF_MAX_BODY_MB x 65,536); send "
+                "the images one at a time, or to /segment, which answers each as a PNG",
+                status=413,
+            )
+
+    def protocol_outputs(self, answers: list[dict[str, np.ndarray]], sizes: list[tuple[int, int]]) -> dict[str, Any]:
+        """In a decoding thread: N images' masks, each at its uploaded size, as one INT32 tensor padded with -1."""
+        masks = [self.mask(answer, size) for answer, size in zip(answers, sizes, strict=True)]
         height, width = max(m.shape[0] for m in masks), max(m.shape[1] for m in masks)
         classes = np.full((len(masks), height, width), -1, dtype=np.int32)
         for i, mask in enumerate(masks):

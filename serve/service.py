@@ -179,8 +179,14 @@ class HandoffClassifier:
             self.patches_in_effect = True  # asked again only until it holds
         return self.load_failure
 
+    @property
+    def unready(self) -> str | None:
+        """What the readiness probes say: `not_ready`, or the batcher refusing every request of late (requests are
+        still taken: one that finds the model idle runs, and ends it)."""
+        return self.not_ready or (self.batcher.refusing if self.batcher is not None else None)
+
     def __is_ready__(self) -> bool:
-        return self.not_ready is None
+        return self.unready is None
 
     def require_ready(self) -> None:
         if self.not_ready is not None:
@@ -350,7 +356,7 @@ class HandoffClassifier:
         if self.task == TASK_TEXT_CLASSIFICATION:
             return await text_infer(self, request, CONFIG.max_batch_size)
         if self.task in (TASK_OBJECT_DETECTION, TASK_SEMANTIC_SEGMENTATION):
-            return await image_task_infer(self, request, CONFIG.max_batch_size)
+            return await image_task_infer(self, request, CONFIG.max_batch_size, CONFIG.max_answer_numbers)
         return await tensor_infer(self, request, CONFIG.max_batch_size, CONFIG.max_answer_numbers)
 
     def prepare_files(self, files: list[bytes]) -> np.ndarray:

@@ -6,6 +6,8 @@ and the protocol (tritonclient, BYTES images) as the eager model does, evaluated
 from __future__ import annotations
 
 import io
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -14,7 +16,7 @@ import pytest
 import torch
 import torchvision
 import tritonclient.http as triton
-from conftest import Server, photo_jpegs
+from conftest import Server, photo_jpegs, png_bytes, probe_timeout_s
 from PIL import Image
 
 from export.manifest import read_manifest_unchecked
@@ -116,3 +118,57 @@ def test_a_segmenters_wrong_requests_get_a_4xx_naming_the_problem(server, photos
     assert answer.status_code == 400 and "png or json" in answer.json()["error"]
     answer = httpx.post(f"{server.url}/classify", **jpeg)
     assert answer.status_code == 404 and "/segment" in answer.json()["error"]
+
+
+def _slowest_probe_during(server, attack) -> tuple[float, object]:
+    """Run `attack()` in a thread and probe /livez until it ends: the slowest probe's seconds, and its result."""
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(attack)
+        slowest = 0.0
+        while not running.done():
+            started = time.monotonic()
+            assert httpx.get(f"{server.url}/livez", timeout=30).status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.05)
+        return slowest, running.result()
+
+
+def test_elongated_images_are_refused_and_never_leave_the_segmenter_refusing(server, photos: list[bytes]):
+    """Security round 4, items 1 and 5: a 40 KB 26000 x 520 PNG ran the segmenter at 520 x 26000 (70 photos' cost),
+    and two or three of them left it answering 503 to everything, for good, while it said ready. Now such an image
+    is 413 before the model runs, and a normal photo after them is answered."""
+    strip = png_bytes(Image.new("RGB", (26000, 520), (90, 120, 200)))
+    answers = [
+        httpx.post(f"{server.url}/segment", content=strip, headers={"Content-Type": "image/png"}, timeout=60)
+        for _ in range(3)
+    ]
+    for answer in answers:
+        assert answer.status_code == 413 and "photos' worth" in answer.json()["error"], answer.text
+    assert mask_of(server, photos[0]).shape == Image.open(io.BytesIO(photos[0])).size[::-1]
+    assert httpx.get(f"{server.url}/readyz").status_code == 200
+
+
+def test_a_protocol_answer_is_bounded_before_the_model_runs(server, photos: list[bytes]):
+    """Security round 4, item 2: an 8000 x 1600 and a 1600 x 8000 PNG (96 KB) made a 512 MB answer padded to
+    8000 x 8000, built on the event loop: +1.5 GB and /livez stalled ~2 s. Now 413 as soon as the sizes are known,
+    /livez within the probe's timeout throughout, and a request of photos still answered."""
+    wide, tall = (png_bytes(Image.new("RGB", size, (200, 30, 30))) for size in ((8000, 1600), (1600, 8000)))
+
+    def attack():
+        client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+        images = triton.InferInput("image", [2], "BYTES")
+        images.set_data_from_numpy(np.array([wide, tall], dtype=object))
+        try:
+            client.infer("handoff", [images])
+        except triton.InferenceServerException as err:
+            return str(err)
+        return "answered"
+
+    slowest, refused = _slowest_probe_during(server, attack)
+    print(f"\n8000 x 1600 and 1600 x 8000 on the protocol: {refused}; /livez slowest {slowest * 1000:.0f} ms")
+    assert "more than the" in refused and "one response may carry" in refused, refused
+    assert slowest < probe_timeout_s()
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    images = triton.InferInput("image", [len(photos)], "BYTES")
+    images.set_data_from_numpy(np.array(photos, dtype=object))
+    assert client.infer("handoff", [images]).as_numpy("classes").shape == (2, 450, 400)

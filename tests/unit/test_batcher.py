@@ -306,3 +306,71 @@ def test_a_model_that_costs_far_more_than_a_decode_is_never_held():
 
     anyio.run(_one_then_staggered, ModelBatcher(model, 16, 5000, upstream=_Decoders(8, seconds_each=0.005)), 3)
     assert seen_batches == [1, 1, 2], seen_batches
+
+
+def test_costly_requests_never_leave_the_batcher_refusing_everyone_after_them():
+    """Security round 4, item 1: a few requests costing past the latency budget (a 26000 x 520 image for a
+    segmenter) raised the shared time per row past the budget, and every request after them, an idle service's
+    included, got 503 for good. Now an idle batcher takes a request whatever came before, and the time per row is
+    the recent batches' median, so the costly few do not set the pace of the rest."""
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        time.sleep(0.2 if batch[0, 0] < 0 else 0.001)  # a negative row is a costly one
+        return batch + 1
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=1, max_latency_ms=100)
+        for _ in range(3):  # costly requests, one after another: each runs (idle), each past the budget
+            await batcher(np.full((1, 1), -1.0))
+        costly = batcher.seconds_per_row
+        normal = await batcher(np.full((1, 1), 2.0))  # the idle batcher takes it
+        for _ in range(4):
+            await batcher(np.full((1, 1), 2.0))
+        return costly, normal, batcher.seconds_per_row
+
+    costly, normal, median = anyio.run(go)
+    assert costly > 0.1 and normal[0, 0] == 3.0 and median < 0.05
+
+
+def test_a_batcher_that_refuses_every_request_says_so_and_recovers(monkeypatch):
+    """A model call that never ends (a wedged runtime): every request after it is refused, and after
+    REFUSING_UNREADY_S of that the batcher says so (the service then answers not ready); once the model answers
+    again, or the refusals stop, it is ready."""
+    import serve.batching as batching
+
+    monkeypatch.setattr(batching, "REFUSING_UNREADY_S", 0.3)
+    release = threading.Event()
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        if batch[0, 0] < 0:
+            release.wait(10)
+        time.sleep(0.005)
+        return batch + 1
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=1, max_latency_ms=20)
+        await batcher(np.full((1, 1), 1.0))  # measured: fast
+        refused = []
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(batcher, np.full((1, 1), -1.0))  # wedges the model
+            await anyio.sleep(0.05)
+            started = time.monotonic()
+            while time.monotonic() - started < 0.6:
+                tasks.start_soon(_refusal_of, batcher, np.full((1, 1), 1.0), refused)
+                await anyio.sleep(0.02)
+            said = batcher.refusing
+            release.set()
+        after = await batcher(np.full((1, 1), 1.0))
+        return refused, said, batcher.refusing, after
+
+    refused, said, then, after = anyio.run(go)
+    assert refused and set(refused) == {503}
+    assert said is not None and "every request refused" in said
+    assert then is None and after[0, 0] == 2.0
+
+
+async def _refusal_of(batcher: ModelBatcher, rows: np.ndarray, refused: list) -> None:
+    try:
+        await batcher(rows)
+    except ServiceUnavailable as err:
+        refused.append(err.error_code.value)

@@ -96,3 +96,34 @@ def test_a_long_text_is_413_and_good_ones_pass():
     assert texts_of_elements(["naïve".encode(), b"ok"], 100) == ["naïve", "ok"]
     with pytest.raises(BadText, match=r"text\[1\] is not valid UTF-8"):
         texts_of_elements([b"ok", b"\xff"], 100)
+
+
+@pytest.mark.parametrize("kind", ["sentences", "long words", "lines"])
+def test_a_long_text_is_tokenized_only_as_far_as_the_model_reads_and_gives_the_same_ids(kind):
+    """Security round 4, item 3: a text was tokenized whole before it was truncated (100,000 characters of 99-letter
+    words: ~1 s of CPU each). Now only a prefix a few times the model's maximum is tokenized, and its ids, truncated,
+    are exactly the whole text's, the truncated flag included."""
+    from tokenizers import Tokenizer
+
+    from export.tokenizer_spec import CHARS_PER_TOKEN, TextTokenizer
+    from harness.tiny_text import wordpiece_tokenizer
+
+    words = ["the film was superb", "our trip was dull and slow", "a joy to watch"]
+    backend = wordpiece_tokenizer(words, vocab_size=80, max_length=32).backend_tokenizer
+    settings = TokenizerSettings("tokenizer.json", 32, 0, "[PAD]", "right", ("input_ids", "attention_mask"))
+    served = TextTokenizer(backend.to_str().encode(), settings)
+    rng = np.random.default_rng(0)
+    if kind == "sentences":
+        text = " ".join(rng.choice(words, 5000))
+    elif kind == "long words":
+        text = " ".join("".join(rng.choice(list("abcdefghij"), 99)) for _ in range(1000))  # 100,000 characters
+    else:
+        text = "\n".join(rng.choice(words, 5000))
+    whole = Tokenizer.from_str(backend.to_str())
+    whole.enable_truncation(32)  # the whole text tokenized, then truncated to the model's maximum
+    assert served.encode([text]).rows["input_ids"][0].tolist() == whole.encode(text).ids
+    assert served.encode([text]).truncated == [True]
+    read = served._enough_of(text)
+    assert len(read) <= 16 * CHARS_PER_TOKEN * settings.max_length < len(text) // 10  # at most the third prefix
+    short = "the film was superb"
+    assert served._enough_of(short) == short and served.encode([short]).truncated == [False]
