@@ -86,7 +86,8 @@ async def _detect_answer(image: bytes, params: dict[str, list[str]]) -> dict[str
     service.require_ready()
     if service.detector is None:
         raise _not_this_task(service, "/detect", "detectors")
-    return service.detector.answer(await service.batched(await _decoded(service, service.detector.prepare, image)))
+    rows, scale = await _decoded(service, service.detector.prepare, image)
+    return service.detector.answer(await service.batched(rows), scale)
 
 
 async def _segment_answer(image: bytes, form: str) -> dict[str, Any] | bytes:

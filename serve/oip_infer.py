@@ -79,7 +79,7 @@ async def image_task_infer(
                 prepared = await service.decoders.run(task.prepare, data)
             except BadImage as err:
                 raise ProtocolError(f"image[{index}]: {err}", status=err.status) from None
-            rows, size = prepared if service.segmenter else (prepared, None)
+            rows, size = prepared  # a segmenter's upload size; a detector's scale back to it
             sizes.append(size)
             if service.segmenter:  # the answer's size is known now: refused before the model runs
                 try:
@@ -95,7 +95,7 @@ async def image_task_infer(
     if service.segmenter:  # masks resized and padded in a decoding thread: megabytes, never on the event loop
         outputs = await service.decoders.run(service.segmenter.protocol_outputs, answers, sizes)
         return select_outputs(request, outputs, None)
-    return select_outputs(request, service.detector.protocol_outputs(answers), None)
+    return select_outputs(request, service.detector.protocol_outputs(answers, sizes), None)
 
 
 async def text_infer(service: Any, request: InferRequest, max_rows: int) -> list[OutputTensor]:

@@ -243,3 +243,26 @@ def test_a_detector_that_finds_nothing_anywhere_is_not_checked(trained: Path, tm
     assert manifest["status"] == "not checked" and manifest["parity"]["pass"] is None
     accepted = run([sys.executable, "-m", "export", str(blind), "--out", str(out), "--no-bento", "--accept-unchecked"])
     assert accepted.returncode == 0 and read_manifest_unchecked(out)["status"] == "not checked"
+
+
+def test_a_huge_upload_costs_the_models_input_size_and_keeps_its_boxes_in_its_pixels(server, eager):
+    """Security round 4, item 4: a 6000 x 6000 PNG (a few KB) was converted to float32 whole before the graph resized
+    it to 320 x 320: 1.4 GB in flight and ~6 s. Now the service resizes it first as the graph would (torch's
+    bilinear, read from the 8-bit pixels): the answer is eager's on the whole image, boxes in the upload's pixels,
+    and the worker grows by a small part of what it did."""
+    from sklearn.datasets import load_sample_images
+    from test_serve_attacks import peak_growth_mb
+
+    photo = Image.fromarray(load_sample_images().images[0]).resize((2400, 1800))
+    large = png_bytes(photo)
+    answer = httpx.post(f"{server.url}/detect", content=large, headers={"Content-Type": "image/png"}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    agrees(eager(large), served(answer.json()))
+    huge = png_bytes(Image.new("RGB", (6000, 6000), (128, 128, 128)))
+
+    def attack():
+        return httpx.post(f"{server.url}/detect", content=huge, headers={"Content-Type": "image/png"}, timeout=120)
+
+    growth, answer = peak_growth_mb(server.proc.pid, attack)
+    print(f"\na 6000 x 6000 PNG of {len(huge) // 1024} KB on /detect: the worker grew {growth:.0f} MB")
+    assert answer.status_code == 200 and growth < 600, (growth, answer.text[:300])  # the decoded image and a copy
