@@ -21,7 +21,19 @@ from typing import Any
 
 CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
-TRAINER_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+# Every file a tokenizer may be read from, checked to be the folder's own (check_own_files)
+TOKENIZER_READS = (
+    *TOKENIZER_FILES,
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+TRAINER_CHECKPOINT = re.compile(r"checkpoint-([0-9]+)")  # ASCII digits: `checkpoint-٩٩` is no step
 HEADS = {  # the config's architecture suffix -> the Auto class that builds it
     "ForSequenceClassification": "AutoModelForSequenceClassification",
 }
@@ -66,7 +78,19 @@ def _newest_trainer_checkpoint(folder: Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
+def check_own_files(folder: Path, names: tuple[str, ...]) -> None:
+    """ValueError when one of `names` in `folder` is a link or not a regular file: a link planted among a
+    checkpoint's files (`vocab.txt` -> a file elsewhere) would ship that file's lines as tokens (security round 4)."""
+    for name in names:
+        path = folder / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise ValueError(
+                f"{path}: a link or not a regular file; a checkpoint's config and tokenizer files are its own, refused"
+            )
+
+
 def _read_config(folder: Path) -> dict[str, Any]:
+    check_own_files(folder, (CONFIG,))
     path = folder / CONFIG
     try:
         config = json.loads(path.read_text())

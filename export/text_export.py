@@ -27,7 +27,7 @@ import torch.nn as nn
 from tokenizers import Tokenizer
 
 from export.classifier_export import EXIT_PARITY, tolerance_of
-from export.hf_checkpoint import CONFIG, HfCheckpoint, tokenizer_folder
+from export.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files, tokenizer_folder
 from export.job import Job, log_loading, origin_fields
 from export.manifest import describe_artifacts, new_tensor_manifest, write_manifest
 from export.parity import onnx_sessions
@@ -36,9 +36,10 @@ from export.signature import TASK_TEXT_CLASSIFICATION
 from export.sources import read_source
 from export.steps import timed
 from export.tensor_export import refuse_classifier_flags, write_tensor_export
-from export.tensor_model import Example, describe
+from export.tensor_model import Example, describe, first_line
 from export.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
 from export.unwrap import Unwrapped, unwrap_keys
+from train.class_names import check_class_names
 
 log = logging.getLogger("export")
 
@@ -90,18 +91,44 @@ def build_hf_model(
     return model, unwrapped, trace(model, unwrapped, loaded, tied, what, allow_partial)
 
 
-def load_tokenizer(folder: Path, trust_remote_code: bool) -> Any:
+def load_tokenizer(folder: Path, trust_remote_code: bool, vocab_size: int) -> Any:
+    """The training tokenizer, from files that are the folder's own, checked to fit a model of `vocab_size` ids."""
     import transformers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(
-        folder, local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    check_own_files(folder, TOKENIZER_READS)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"the tokenizer in {folder} cannot be loaded: {first_line(err)}") from None
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise ValueError(
             f"the tokenizer in {folder} is a slow (Python) tokenizer with no tokenizer.json; the service runs the "
             "tokenizers library: save it with use_fast=True"
         )
+    _check_vocabulary(tokenizer, folder, vocab_size)
     return tokenizer
+
+
+def _check_vocabulary(tokenizer: Any, folder: Path, vocab_size: int) -> None:
+    """ValueError for a tokenizer that is not the model's: ids past its embedding, or the parity sentences' words
+    mostly its unknown token (a tokenizer_config.json beside no vocabulary gives a 5-token tokenizer)."""
+    if len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"the tokenizer in {folder} has {len(tokenizer)} tokens, more than the model's {vocab_size} embeddings: "
+            "it is not this model's tokenizer (--tokenizer DIR names another)"
+        )
+    try:
+        ids = [i for text in SENTENCES for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    except Exception as err:  # noqa: BLE001 - the tokenizers library's own words (no unknown token, ...)
+        raise ValueError(f"the tokenizer in {folder} cannot tokenize a sentence: {first_line(err)}") from None
+    unknown = sum(i == tokenizer.unk_token_id for i in ids) if tokenizer.unk_token_id is not None else 0
+    if not ids or unknown > len(ids) / 2:
+        raise ValueError(
+            f"the tokenizer in {folder} reads {unknown} of the {len(ids)} tokens of plain English sentences as its "
+            "unknown token: its vocabulary is missing or not this model's"
+        )
 
 
 def tokenizer_settings(tokenizer: Any, config: Any) -> TokenizerSettings:
@@ -145,7 +172,7 @@ def text_job(
     folder = tokenizer_folder(hf, args.tokenizer)
     if folder is None:
         return _token_ids_job(args, hf, model, src, (unwrapped, provenance), formats, device, timings)
-    tokenizer = load_tokenizer(folder, args.trust_remote_code)
+    tokenizer = load_tokenizer(folder, args.trust_remote_code, int(model.config.vocab_size))
     settings = tokenizer_settings(tokenizer, model.config)
     served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
     texts = parity_texts(settings)
@@ -153,7 +180,8 @@ def text_job(
     dynamic: dict[str, tuple[int, ...]] = {name: (1,) for name in settings.inputs}
     signature, wrapped = describe(Logits(model), example, dynamic)
     log_loading(src, unwrapped)
-    labels = [str(model.config.id2label.get(i, i)) for i in range(model.config.num_labels)]
+    names = [model.config.id2label.get(i, i) for i in range(model.config.num_labels)]
+    labels = check_class_names(names, f"{hf.config_dir / CONFIG}: id2label")
     manifest = _manifest(hf, signature, dynamic, src, unwrapped, provenance, timings)
     manifest |= {
         "task": TASK_TEXT_CLASSIFICATION,

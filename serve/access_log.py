@@ -185,7 +185,7 @@ class AccessLine:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         logged = scope["type"] == "http" and LOGGER.isEnabledFor(logging.INFO)  # (the service has no websockets)
-        if not logged or scope["path"].startswith(self.skip_paths):
+        if not logged or scope["path"] in self.skip_paths:  # the probes' own paths, not all that begin like them
             return await self.app(scope, receive, send)
         began = time.perf_counter()
         start: dict[str, Any] | None = None

@@ -47,6 +47,7 @@ from serve.connections import ConnectionLimits
 from serve.decode_pool import DecodePool
 from serve.detection import Detector
 from serve.endpoint import app_routes, body_routes, known_paths, open_paths
+from serve.form import small_integer
 from serve.front_door import FrontDoor
 from serve.handlers import RequestError
 from serve.info import service_info
@@ -254,7 +255,7 @@ class HandoffClassifier:
     def _top_k(value: Any) -> int:
         """top_k from a form or query string (digits) or a JSON body (a number), 1 to 1000."""
         whole = isinstance(value, int) and not isinstance(value, bool)
-        digits = isinstance(value, str) and value.isdigit() and len(value) <= 4
+        digits = isinstance(value, str) and small_integer(value) and len(value) <= 4  # ASCII: not '²' or '①'
         top_k = int(value) if whole or digits else 0
         if not 1 <= top_k <= 1000:
             raise RequestError(f"top_k={str(value)[:20]}: must be between 1 and 1000")

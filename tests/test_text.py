@@ -136,6 +136,8 @@ def test_bad_texts_get_a_4xx_naming_the_problem(server):
         ({"json": {"text": 7}}, 400, "must be a string"),
         ({"json": {"words": "hi"}}, 400, "expected a JSON object"),
         ({"json": {"text": "hi", "top_k": 0}}, 400, "top_k"),
+        ({"json": {"text": "hi", "top_k": "\u00b2"}}, 400, "top_k"),  # '²' passed isdigit(), then int(): a 500
+        ({"json": {"text": "hi", "top_k": "\u2460"}}, 400, "top_k"),  # '①', the same (security round 4, item 9)
         ({"content": b"\xff\xfe", "headers": {"content-type": "text/plain"}}, 400, "UTF-8"),
         ({"json": {"text": "x" * 2001}}, 413, "HANDOFF_MAX_TEXT_CHARS"),
         ({"content": b"\x89PNG\r\n", "headers": {"content-type": "image/png"}}, 415, "classifies text"),
@@ -282,3 +284,58 @@ def test_a_token_classifier_is_refused_naming_its_task(text_run: Path, tmp_path:
     refused = export_state_dict(text_run, token, "--no-bento")
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert refused.returncode == 2 and len(lines) == 1 and "token classification" in lines[0], refused.stderr
+
+
+def _copy_of_checkpoint(text_run: Path, to: Path) -> Path:
+    """checkpoint-30's model, config and tokenizer (not its optimizer state), to change for one test."""
+    keep = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+    to.mkdir(parents=True)
+    for file in (text_run / "checkpoint-30").iterdir():
+        if file.name in keep:
+            shutil.copy(file, to / file.name)
+    return to
+
+
+def test_checkpoint_files_that_are_links_or_odd_labels_are_refused_in_one_line(text_run: Path, tmp_path: Path):
+    """Security round 4, items 6 and 12: a `vocab.txt` linked to a file outside the checkpoint shipped its lines as
+    tokens, "parity passed"; id2label names skipped the class-name checks. Each is one line and exit 2 now."""
+    linked = _copy_of_checkpoint(text_run, tmp_path / "linked")
+    (linked / "vocab.txt").symlink_to("/etc/passwd")
+    labels = _copy_of_checkpoint(text_run, tmp_path / "labels")
+    config = json.loads((labels / "config.json").read_text())
+    (labels / "config.json").write_text(json.dumps({**config, "id2label": {"0": "good", "1": "good"}}))
+    for folder, needle in ((linked, "a link or not a regular file"), (labels, "id2label")):
+        refused = run([sys.executable, "-m", "export", str(folder), "--no-bento", "--formats", "onnx"])
+        lines = [line for line in refused.stderr.splitlines() if line.startswith("export:")]
+        assert refused.returncode == 2 and len(lines) == 1 and needle in lines[0], refused.stderr[-2000:]
+        assert "Traceback" not in refused.stderr
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused(text_run: Path, tmp_path: Path):
+    """Security round 4, items 7 and 13: a tokenizer whose words are all its unknown token answered every text of
+    one length alike, "passed"; one without an unknown token was a traceback and exit 1."""
+    blind = _copy_of_checkpoint(text_run, tmp_path / "blind")
+    spec = json.loads((blind / "tokenizer.json").read_text())
+    vocabulary = spec["model"]["vocab"]
+    spec["model"]["vocab"] = {t: i for t, i in vocabulary.items() if t.startswith("[") or i < 10}  # words gone
+    (blind / "tokenizer.json").write_text(json.dumps(spec))
+    no_unknown = _copy_of_checkpoint(text_run, tmp_path / "no_unknown")
+    spec = json.loads((no_unknown / "tokenizer.json").read_text())
+    spec["model"]["vocab"] = {("[NOPE]" if t == "[UNK]" else t): i for t, i in spec["model"]["vocab"].items()}
+    (no_unknown / "tokenizer.json").write_text(json.dumps(spec))
+    for folder in (blind, no_unknown):
+        refused = run([sys.executable, "-m", "export", str(folder), "--no-bento", "--formats", "onnx"])
+        lines = [line for line in refused.stderr.splitlines() if line.startswith("export:")]
+        assert refused.returncode == 2 and len(lines) == 1 and "tokenizer" in lines[0], refused.stderr[-2000:]
+        assert "Traceback" not in refused.stderr
+
+
+def test_only_ascii_digits_number_a_trainer_checkpoint(text_run: Path, tmp_path: Path):
+    """Security round 4, item 12: `checkpoint-٩٩` (Arabic-Indic digits) won over checkpoint-30 as the newest."""
+    out = tmp_path / "output"
+    _copy_of_checkpoint(text_run, out / "checkpoint-30")
+    _copy_of_checkpoint(text_run, out / "checkpoint-\u0669\u0669")
+    from export.hf_checkpoint import find_hf_checkpoint
+
+    found = find_hf_checkpoint(out, None)
+    assert found is not None and found.config_dir.name == "checkpoint-30"

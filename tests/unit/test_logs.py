@@ -120,3 +120,47 @@ def test_a_line_that_cannot_be_made_is_lost_alone():
     writer.start()
     writer.stop()
     assert [line.split("path=")[1].split(")")[0] for line in out.getvalue().splitlines()] == ["/a", "/b"]
+
+
+def test_controls_are_cut_before_they_are_escaped_and_bidi_controls_escaped():
+    """Security round 4, items 10 and 11: a path of 10,000 control characters was escaped whole (40,000 characters
+    built) before it was cut; U+202E, which reverses what a person reads, was written raw."""
+    from serve.logs import printable
+
+    line = printable("/\x01" * 5_000)
+    assert line.endswith("...(10000 characters)") and len(line) <= 4 * MAX_LOGGED + 30
+    assert printable("/files/\u202egnp.exe") == "/files/\\u202egnp.exe"
+
+
+def test_only_the_probes_own_paths_go_unlogged():
+    """Security round 4, item 11: any path merely starting with /readyz or /metrics went unlogged."""
+    from serve.access_log import SKIPPED
+
+    written = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            written.append(record.getMessage())
+
+    capture = Capture()
+    access = logging.getLogger("bentoml.access")
+    access.addHandler(capture)
+    access.setLevel(logging.INFO)
+    try:
+        for path in ("/readyz", "/readyz/../../admin", "/metricsX"):
+            scope = {"type": "http", "scheme": "http", "method": "GET", "path": path, "headers": [], "client": None}
+            asyncio.run(AccessLine(app)(scope, None, _discard))
+            time.sleep(0.05)
+    finally:
+        access.removeHandler(capture)
+    assert "/readyz" in SKIPPED
+    logged = " ".join(written)
+    assert "path=/readyz/../../admin" in logged and "path=/metricsX" in logged and "path=/readyz)" not in logged
+
+
+async def _discard(message) -> None:
+    return None
