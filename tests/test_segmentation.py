@@ -6,8 +6,6 @@ and the protocol (tritonclient, BYTES images) as the eager model does, evaluated
 from __future__ import annotations
 
 import io
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -18,6 +16,7 @@ import torchvision
 import tritonclient.http as triton
 from conftest import Server, photo_jpegs, png_bytes, probe_timeout_s
 from PIL import Image
+from test_serve_attacks_round3 import slowest_probe_during
 
 from export.manifest import read_manifest_unchecked
 
@@ -120,19 +119,6 @@ def test_a_segmenters_wrong_requests_get_a_4xx_naming_the_problem(server, photos
     assert answer.status_code == 404 and "/segment" in answer.json()["error"]
 
 
-def _slowest_probe_during(server, attack) -> tuple[float, object]:
-    """Run `attack()` in a thread and probe /livez until it ends: the slowest probe's seconds, and its result."""
-    with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(attack)
-        slowest = 0.0
-        while not running.done():
-            started = time.monotonic()
-            assert httpx.get(f"{server.url}/livez", timeout=30).status_code == 200
-            slowest = max(slowest, time.monotonic() - started)
-            time.sleep(0.05)
-        return slowest, running.result()
-
-
 def test_elongated_images_are_refused_and_never_leave_the_segmenter_refusing(server, photos: list[bytes]):
     """Security round 4, items 1 and 5: a 40 KB 26000 x 520 PNG ran the segmenter at 520 x 26000 (70 photos' cost),
     and two or three of them left it answering 503 to everything, for good, while it said ready. Now such an image
@@ -164,7 +150,7 @@ def test_a_protocol_answer_is_bounded_before_the_model_runs(server, photos: list
             return str(err)
         return "answered"
 
-    slowest, refused = _slowest_probe_during(server, attack)
+    slowest, refused = slowest_probe_during(server, attack)
     print(f"\n8000 x 1600 and 1600 x 8000 on the protocol: {refused}; /livez slowest {slowest * 1000:.0f} ms")
     assert "more than the" in refused and "one response may carry" in refused, refused
     assert slowest < probe_timeout_s()

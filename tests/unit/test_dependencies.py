@@ -91,3 +91,11 @@ def test_every_imported_package_is_declared():
         if not owners & names:
             undeclared.append(f"{module} (from {', '.join(sorted(owners)) or 'no installed distribution'})")
     assert not undeclared, f"imported but not in pyproject.toml's dependencies: {undeclared}"
+
+
+def test_no_release_with_a_known_hole_is_admitted():
+    """Security round 4, item 8: Pillow below 13 (JPEG decoder overflows fixed in 13; 10.0's wheels bundle the libwebp
+    of CVE-2023-4863) and Starlette 0.40-0.49.0 (CVE-2025-62727, a Range header DoS in FileResponse) were allowed."""
+    ranges = declared()
+    for name, vulnerable in (("pillow", ("10.0.0", "12.2.0")), ("starlette", ("0.40.0", "0.49.0"))):
+        assert not any(ranges[name].specifier.contains(v) for v in vulnerable), (name, str(ranges[name].specifier))
