@@ -184,17 +184,13 @@ class ModelBatcher:
         self.queue: collections.deque[_Job] = collections.deque()
         self.queued_rows = 0
         self.recent_per_row: collections.deque[float] = collections.deque(maxlen=RECENT_BATCHES)
+        self.seconds_per_row: float | None = None  # their median, taken when a batch ends (not per request)
         self.refused_since: float | None = None  # when the refusals began that no answered request has ended
         self.refused_last = 0.0
         self.seconds_per_call: float | None = None  # one model call's time, whatever its batch's size
         self.running_until = 0.0  # when the batch now running is expected to end
         self.worker: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
-
-    @property
-    def seconds_per_row(self) -> float | None:
-        """The model's time per row: the median of the recent batches' (None before the first)."""
-        return float(np.median(self.recent_per_row)) if self.recent_per_row else None
 
     @property
     def refusing(self) -> str | None:
@@ -336,6 +332,7 @@ class ModelBatcher:
             self.refused_since = None  # the model ran a request: the service is serving
         took = time.monotonic() - started
         self.recent_per_row.append(took / rows)
+        self.seconds_per_row = float(np.median(self.recent_per_row))
         self.seconds_per_call = _average(self.seconds_per_call, took)
         return answers
 
