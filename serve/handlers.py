@@ -75,6 +75,16 @@ async def _decoded(service: Any, prepare: Callable[[bytes], Any], upload: bytes)
         raise RequestError(str(err), status=err.status) from None
 
 
+def checked_top_k(value: Any) -> int:
+    """top_k from a form or query string (ASCII digits: not '²' or '①') or a JSON body (a number), 1 to 1000."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    digits = isinstance(value, str) and small_integer(value) and len(value) <= 4
+    top_k = int(value) if whole or digits else 0
+    if not 1 <= top_k <= 1000:
+        raise RequestError(f"top_k={str(value)[:20]}: must be between 1 and 1000")
+    return top_k
+
+
 def _not_this_task(service: Any, route: str, kind: str) -> RequestError:
     return RequestError(f"{route} is for {kind}; this model's task is {service.task}: see GET /info", 404)
 

@@ -47,9 +47,8 @@ from serve.connections import ConnectionLimits
 from serve.decode_pool import DecodePool
 from serve.detection import Detector
 from serve.endpoint import app_routes, body_routes, known_paths, open_paths
-from serve.form import small_integer
 from serve.front_door import FrontDoor
-from serve.handlers import RequestError
+from serve.handlers import RequestError, checked_top_k
 from serve.info import service_info
 from serve.json_body import BadJson, float32_rows, max_json_bytes, parse_json
 from serve.logs import install_log_filters
@@ -251,16 +250,6 @@ class HandoffClassifier:
             for i in outputs["order"][0, :top_k].tolist()
         ]
 
-    @staticmethod
-    def _top_k(value: Any) -> int:
-        """top_k from a form or query string (digits) or a JSON body (a number), 1 to 1000."""
-        whole = isinstance(value, int) and not isinstance(value, bool)
-        digits = isinstance(value, str) and small_integer(value) and len(value) <= 4  # ASCII: not '²' or '①'
-        top_k = int(value) if whole or digits else 0
-        if not 1 <= top_k <= 1000:
-            raise RequestError(f"top_k={str(value)[:20]}: must be between 1 and 1000")
-        return top_k
-
     async def classify_upload(self, upload: bytes, top_k: int) -> dict[str, Any]:
         """The /classify answer for one image: the multipart form's file, or a raw body's bytes."""
         self.require_ready()
@@ -275,7 +264,7 @@ class HandoffClassifier:
                 f'{{"inputs": {{...}}}} or /v2/models/{CONFIG.model_name}/infer',
                 status=404,
             )
-        top_k = self._top_k(top_k)
+        top_k = checked_top_k(top_k)
         array = await self.decoders.run(self._prepare, upload)
         outputs = await self.batched(array[None])
         return {"predictions": self._predictions(outputs, self.classes, top_k)}
@@ -293,7 +282,7 @@ class HandoffClassifier:
             encoded, top_k = await self.decoders.run(self.text.encode_body, body, content_type, params)
         except BadText as err:
             raise RequestError(str(err), status=err.status) from None
-        top_k = self._top_k(top_k)
+        top_k = checked_top_k(top_k)
         outputs = await self.batched(encoded.rows)
         return {"predictions": self._predictions(outputs, self.text.labels, top_k), "truncated": encoded.truncated[0]}
 
