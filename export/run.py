@@ -56,13 +56,14 @@ def classifier_job(
     labels = checked.labels
     with timed(timings, "load"):
         spec = resolve_model(src, args.arch, args.model, args.image_size, labels)
-        if src.module is None or args.arch or args.model:
-            loaded, tied = load_weights(spec, src, not args.model, args.allow_partial)
-            model = spec.model.float().eval()
-            provenance = trace(model, spec.unwrapped, loaded, tied, spec.arch, args.allow_partial)
-        else:
-            model = spec.model.float().eval()
-            provenance = whole_module(model, spec.arch)
+        loads = src.module is None or args.arch or args.model  # else the pickled module is the model
+        loaded, tied = load_weights(spec, src, not args.model, args.allow_partial) if loads else (set(), {})
+        model = spec.model.float().eval()
+        provenance = (
+            trace(model, spec.unwrapped, loaded, tied, spec.arch, args.allow_partial)
+            if loads
+            else whole_module(model, spec.arch)
+        )
     log_loading(src, spec.unwrapped)
     check_eval_mode(model)
     origin = origin_fields(checkpoint, src, spec.unwrapped, provenance)

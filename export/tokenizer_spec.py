@@ -81,22 +81,25 @@ class TextTokenizer:
         self.tokenizer.enable_truncation(settings.max_length)
 
     def encode(self, texts: list[str]) -> Encoded:
-        encodings = self.tokenizer.encode_batch([self._enough_of(text) for text in texts])
+        long = {i: encoding for i, text in enumerate(texts) if (encoding := self._enough_of(text)[1]) is not None}
+        short = iter(self.tokenizer.encode_batch([text for i, text in enumerate(texts) if i not in long]))
+        encodings = [long[i] if i in long else next(short) for i in range(len(texts))]
         parts = [
             {name: np.asarray([getattr(e, ENCODING_FIELDS[name])], dtype=np.int64) for name in self.settings.inputs}
             for e in encodings
         ]
         return Encoded(pad_to_longest(parts, self.settings), [bool(e.overflowing) for e in encodings])
 
-    def _enough_of(self, text: str) -> str:
-        """The shortest of `text`'s prefixes (module docstring) whose tokens overflow the model's maximum: its
-        encoding, truncated, is the whole text's; the text itself when none does."""
+    def _enough_of(self, text: str) -> tuple[str, Any]:
+        """The shortest of `text`'s prefixes (module docstring) whose tokens overflow the model's maximum, and its
+        encoding, which truncated is the whole text's; the text itself and None when none does."""
         limit = CHARS_PER_TOKEN * self.settings.max_length
         while (prefix := _cut_at_space(text, limit)) is not None:
-            if self.tokenizer.encode(prefix).overflowing:
-                return prefix
+            encoding = self.tokenizer.encode(prefix)
+            if encoding.overflowing:
+                return prefix, encoding
             limit *= 4
-        return text
+        return text, None
 
 
 def pad_to_longest(parts: list[dict[str, np.ndarray]], settings: TokenizerSettings) -> dict[str, np.ndarray]:

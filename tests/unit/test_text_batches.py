@@ -123,7 +123,7 @@ def test_a_long_text_is_tokenized_only_as_far_as_the_model_reads_and_gives_the_s
     whole.enable_truncation(32)  # the whole text tokenized, then truncated to the model's maximum
     assert served.encode([text]).rows["input_ids"][0].tolist() == whole.encode(text).ids
     assert served.encode([text]).truncated == [True]
-    read = served._enough_of(text)
+    read, _ = served._enough_of(text)
     assert len(read) <= 16 * CHARS_PER_TOKEN * settings.max_length < len(text) // 10  # at most the third prefix
     short = "the film was superb"
-    assert served._enough_of(short) == short and served.encode([short]).truncated == [False]
+    assert served._enough_of(short) == (short, None) and served.encode([short]).truncated == [False]
