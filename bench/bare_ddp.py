@@ -25,9 +25,9 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from contract.preprocessing import Preprocessing  # noqa: E402
 from train.data import DigitsDataset, digits_split  # noqa: E402
 from train.models import build_model  # noqa: E402
-from train.preprocessing import Preprocessing  # noqa: E402
 from train.presets import eval_transform, train_transform  # noqa: E402
 
 

@@ -7,7 +7,7 @@ Model: a torchvision detector (default fasterrcnn_mobilenet_v3_large_320_fpn, 3 
 0), its state_dict exported by `python -m export --arch` (or --export DIR: any detector or segmenter export).
 Images: bench/workload.py's 32 views of scikit-learn's photos, 400 x 300 JPEGs, one per request, as the body.
 Sides, each given the whole machine in turn:
-- limit: no HTTP: the service's own decoding (serve/detection.py's Detector.prepare, or the segmenter's) and the
+- limit: no HTTP: the service's own decoding (serve/tasks/object_detection.py's prepare, or the segmenter's) and the
   ONNX Runtime session with the service's settings, one image per call as the service runs them; the faster of
   serial (decode, then run) and overlapped (a thread per core decodes the next images while the model runs);
 - ours: `bentoml serve` with serve/service.py, `POST /detect` (or /segment) with the JPEG as the body.
@@ -17,6 +17,7 @@ Goal (issue 44): ours at c=64 at least 0.8 x the limit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import subprocess
@@ -41,13 +42,13 @@ from bench.serving import (  # noqa: E402
     write_serving_result,
 )
 from bench.workload import make_jpegs  # noqa: E402
-from export.manifest import read_manifest_unchecked  # noqa: E402
-from export.signature import TASK_OBJECT_DETECTION  # noqa: E402
+from contract.manifest import read_manifest_unchecked  # noqa: E402
+from contract.signature import TASK_OBJECT_DETECTION  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
-from serve.config import usable_cores  # noqa: E402
-from serve.detection import Detector  # noqa: E402
-from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
-from serve.segmentation import Segmenter  # noqa: E402
+from serve.config import ServeConfig, usable_cores  # noqa: E402
+from serve.decode_pool import DecodePool  # noqa: E402
+from serve.runtime import load_runtime, onnx_providers, onnx_session_options  # noqa: E402
+from serve.tasks import Serving, task_for  # noqa: E402
 
 CONCURRENCY = (1, 64)
 GOAL = "ours >= 0.8 x limit at c=64"
@@ -78,12 +79,18 @@ class InProcessImages:
 
         manifest = read_manifest_unchecked(folder)
         self.route = "/detect" if manifest["task"] == TASK_OBJECT_DETECTION else "/segment"
-        self.task = Detector(manifest, 10**8) if self.route == "/detect" else Segmenter(manifest, 10**8)
+        # the service's own task, for its decoding: built as the service builds it (its batched calls unused here)
+        config = dataclasses.replace(ServeConfig(), max_pixels=10**8)
+        runtime = load_runtime("onnx", folder, manifest, device)
+        self.task: Any = task_for(manifest)(Serving(manifest, folder, runtime, config, DecodePool(1), self._unbatched))
         self.session = ort.InferenceSession(
             str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device)
         )
         assert_provider("limit", self.session.get_providers(), device)
         self.pool = ThreadPoolExecutor(usable_cores())
+
+    async def _unbatched(self, rows: Any) -> dict[str, Any]:
+        return self.task.run(rows)
 
     def prepare(self, jpeg: bytes) -> dict[str, Any]:
         prepared = self.task.prepare(jpeg)

@@ -24,7 +24,7 @@ import torchvision
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.results import write_result  # noqa: E402
-from export.manifest import read_manifest_unchecked  # noqa: E402
+from contract.manifest import read_manifest_unchecked  # noqa: E402
 
 ARCHS = ("resnet18", "resnet50")
 

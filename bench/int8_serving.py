@@ -26,7 +26,7 @@ from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, print_goal, print_ratios, write_result  # noqa: E402
 from bench.serve_throughput import CONCURRENCY  # noqa: E402
 from bench.workload import make_int8_model, make_jpegs  # noqa: E402
-from export.manifest import read_manifest_unchecked  # noqa: E402
+from contract.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 GOAL = "served INT8 >= 2 x served fp32 at concurrency 64, at most 1 point of top-1 lost on the digits"

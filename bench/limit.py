@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from bench.checks import assert_provider
-from export.manifest import fast_decode_passed, read_manifest_unchecked
+from contract.manifest import fast_decode_passed, read_manifest_unchecked
+from contract.pil_transform import Preprocessor
 from serve.config import usable_cores
 from serve.runtime import onnx_providers, onnx_session_options
-from train.pil_transform import Preprocessor
 
 BATCH_SIZES = (1, 4, 8, 16, 32)
 

@@ -33,7 +33,7 @@ from bench.limit import InProcessModel, overlapped_limit  # noqa: E402
 from bench.load import load_levels, uploads, wrk_available  # noqa: E402
 from bench.results import median_of_rounds, print_goal, write_result  # noqa: E402
 from bench.workload import PHONE_PHOTO_SIZE, make_int8_model, make_model, phone_photos, workload_name  # noqa: E402
-from export.manifest import fast_decode_checked, read_manifest  # noqa: E402
+from contract.manifest import fast_decode_checked, read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 CONCURRENCY = (1, 8, 64)

@@ -62,10 +62,10 @@ from bench.serving import (  # noqa: E402
     write_serving_result,
 )
 from bench.workload import make_jpegs, make_model  # noqa: E402
-from export.manifest import read_manifest  # noqa: E402
+from contract.manifest import read_manifest  # noqa: E402
+from contract.pil_transform import Preprocessor  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
-from train.pil_transform import Preprocessor  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
 SERVICES = (

@@ -8,7 +8,7 @@ weights; at most 128 tokens) with a WordPiece tokenizer trained here on the Zen 
 Texts: 32 sentences cut from the Zen of Python, 8, 16, 32 and 64 words long in turn (about 10 to 80 tokens),
 one text per request.
 Sides, each given the whole machine in turn:
-- limit: no HTTP: the exported tokenizer (export/tokenizer_spec.py, as the service uses it) and the ONNX Runtime
+- limit: no HTTP: the exported tokenizer (contract/tokenizer_spec.py, as the service uses it) and the ONNX Runtime
   session with the service's settings, on full batches of the same texts (each batch padded to its longest);
   the fastest of batch sizes 1, 8 and 32, timed again for --seconds;
 - ours: `bentoml serve` with serve/service.py, `POST /classify` with `{"text": "..."}`;
@@ -48,12 +48,12 @@ from bench.serving import (  # noqa: E402
     served_provider,
     write_serving_result,
 )
-from export.manifest import read_manifest_unchecked  # noqa: E402
-from export.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
+from contract.manifest import read_manifest_unchecked  # noqa: E402
+from contract.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from harness.tiny_text import wordpiece_tokenizer  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
-from serve.text import PaddedSequences  # noqa: E402
+from serve.tasks.text_classification import PaddedSequences  # noqa: E402
 
 CONCURRENCY = (1, 64)
 SIDES = ("ours", "ours_oip", "peer_batched")
@@ -133,7 +133,7 @@ class InProcessText:
 
     def run_grouped(self, batches: list[list[str]]) -> None:
         """Each batch as the service runs it: every text tokenized alone, the batch cut into calls of like lengths
-        (serve/text.PaddedSequences.groups)."""
+        (serve/tasks/text_classification.py, PaddedSequences.groups)."""
         for batch in batches:
             parts = [self.tokenizer.encode([text]).rows for text in batch]
             for group in self.shape.groups(parts):

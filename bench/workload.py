@@ -103,7 +103,7 @@ def export_workload(folder: Path) -> str:
     """What an export given with --export is, for its result's name: the model and, for an image model, the size
     its images are resized to (`resnet18-32px`, the demo's digits model, against the default `resnet18` at 224 px)."""
     sys.path.insert(0, str(ROOT))
-    from export.manifest import read_manifest_unchecked
+    from contract.manifest import read_manifest_unchecked
 
     manifest = read_manifest_unchecked(folder)
     crop = (manifest.get("preprocess") or {}).get("crop")

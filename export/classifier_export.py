@@ -11,6 +11,17 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from contract.manifest import (
+    AOTI,
+    ONNX,
+    ONNX_INT8,
+    PT2,
+    SAFETENSORS,
+    TORCHSCRIPT,
+    describe_artifacts,
+    embedded_fields,
+    write_manifest,
+)
 from export.architecture import ModelSpec
 from export.decode_check import check_fast_decode
 from export.decode_check import report as decode_report
@@ -24,17 +35,6 @@ from export.exporters import (
 )
 from export.inputs import REAL_IMAGES, parity_inputs, real_images
 from export.int8 import quantize, report_dict
-from export.manifest import (
-    AOTI,
-    ONNX,
-    ONNX_INT8,
-    PT2,
-    SAFETENSORS,
-    TORCHSCRIPT,
-    describe_artifacts,
-    embedded_fields,
-    write_manifest,
-)
 from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_precision, run_parity
 from export.steps import library_versions, timed
 

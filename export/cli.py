@@ -32,10 +32,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.manifest import DEFAULT_FORMATS, FORMATS
+from contract.preprocessing import check_image_size
 from export import bento
-from export.manifest import DEFAULT_FORMATS, FORMATS
 from train.class_names import check_class_names
-from train.preprocessing import check_image_size
 
 EXIT_BAD_INPUT = 2  # EXIT_OK (0) and EXIT_PARITY (3) come with the writers
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from PIL import Image
 
-from train.pil_transform import Preprocessor
+from contract.pil_transform import Preprocessor
 
 MIN_AGREEMENT = 0.995  # top-1 agreement with the exact path, the goal the fast path must meet
 MAX_PIXELS = 10**9  # the check's own images: no request limit applies

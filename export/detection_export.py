@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from contract.manifest import ONNX, describe_artifacts, embedded_fields, new_tensor_manifest, write_manifest
+from contract.signature import TASK_OBJECT_DETECTION, Signature, TensorSpec
 from export.architecture import load_by_heads
 from export.classifier_export import settle
 from export.detection_graph import DetectionGraph, exportable, no_proposal_failure, resize_mismatch
@@ -42,9 +44,7 @@ from export.detection_parity import (
 )
 from export.exporters import OPSET
 from export.job import Job, log_loading, origin_fields
-from export.manifest import ONNX, describe_artifacts, embedded_fields, new_tensor_manifest, write_manifest
 from export.parity import Comparison, Tolerance, onnx_sessions, parity_report, pin_precision
-from export.signature import TASK_OBJECT_DETECTION, Signature, TensorSpec
 from export.sources import Source
 from export.steps import library_versions, timed
 from export.tensor_export import refuse_classifier_flags

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from export.manifest import MANIFEST, ONNX_DATA
+from contract.manifest import MANIFEST, ONNX_DATA
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from PIL import Image
 
+from contract.preprocessing import Preprocessing
 from train.checkpoint import EMBEDDED_DIGITS
-from train.preprocessing import Preprocessing
 from train.presets import eval_transform
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from export.manifest import MANIFEST, ManifestError, is_export_folder, read_manifest
+from contract.manifest import MANIFEST, ManifestError, is_export_folder, read_manifest
 
 
 def check_out(out: Path, checkpoint: Path) -> None:

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from export.manifest import AOTI, ONNX, PT2, TORCHSCRIPT
-from export.ort_cuda import preload_cuda_libraries
+from contract.manifest import AOTI, ONNX, PT2, TORCHSCRIPT
+from contract.ort_cuda import preload_cuda_libraries
 
 log = logging.getLogger(__name__)
 

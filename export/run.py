@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from contract.manifest import ONNX_INT8, is_export_folder, new_manifest
 from export import bento
 from export.architecture import load_weights, resolve_model
 from export.classifier_export import EXIT_OK, EXIT_UNCHECKED, CheckOptions, tolerance_of, write_and_check
@@ -24,7 +25,6 @@ from export.detection_export import detection_job, is_detector
 from export.exporters import check_eval_mode
 from export.hf_checkpoint import find_hf_checkpoint
 from export.job import Job, log_loading, origin_fields
-from export.manifest import ONNX_INT8, is_export_folder, new_manifest
 from export.out_folder import check_out, passed, replace_folder
 from export.provenance import trace, whole_module
 from export.segmentation_export import is_segmenter, segmentation_job

@@ -22,11 +22,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from contract.manifest import new_tensor_manifest
+from contract.signature import TASK_SEMANTIC_SEGMENTATION
 from export.architecture import load_by_heads
 from export.classifier_export import tolerance_of
 from export.job import Job, log_loading, origin_fields
-from export.manifest import new_tensor_manifest
-from export.signature import TASK_SEMANTIC_SEGMENTATION
 from export.sources import Source
 from export.tensor_export import refuse_classifier_flags, write_tensor_export
 from export.tensor_model import Example, describe

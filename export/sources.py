@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from contract.manifest import sha256_file
 from export.allowlist import FIELD_SAFE_GLOBALS
-from export.manifest import sha256_file
 from train.checkpoint import FORMAT as HANDOFF_FORMAT
 from train.checkpoint import CheckpointError, PickleRefused, check_meta, read_weights_only
 

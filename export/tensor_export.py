@@ -15,6 +15,17 @@ from typing import Any
 
 import torch
 
+from contract.manifest import (
+    AOTI,
+    ONNX,
+    PT2,
+    SAFETENSORS,
+    TORCHSCRIPT,
+    describe_artifacts,
+    embedded_fields,
+    new_tensor_manifest,
+    write_manifest,
+)
 from export.architecture import build_user_model
 from export.classifier_export import settle, tolerance_of
 from export.exporters import (
@@ -27,17 +38,6 @@ from export.exporters import (
     export_torchscript,
 )
 from export.job import Job, log_loading, origin_fields
-from export.manifest import (
-    AOTI,
-    ONNX,
-    PT2,
-    SAFETENSORS,
-    TORCHSCRIPT,
-    describe_artifacts,
-    embedded_fields,
-    new_tensor_manifest,
-    write_manifest,
-)
 from export.parity import Comparison, Tolerance, parity_report, pin_precision
 from export.sources import read_source
 from export.steps import library_versions, timed

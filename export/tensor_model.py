@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from export.signature import DTYPES, Signature, TensorSpec
+from contract.signature import DTYPES, Signature, TensorSpec
 
 SINGLE_INPUT = "input"  # the name a lone example tensor gets
 MAX_BATCH = 4096

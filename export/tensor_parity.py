@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from export.manifest import ONNX, PT2, TORCHSCRIPT
+from contract.manifest import ONNX, PT2, TORCHSCRIPT
 from export.parity import Comparison, Tolerance, close_by_row, onnx_sessions, uninformative
 from export.tensor_model import Example, SignatureModule, first_line
 

@@ -6,7 +6,7 @@ Its example is what the tokenizer makes of real texts of every length it can tak
 shortest (one word), sentences of several lengths, and one past the model's maximum length (truncated to it), so
 the tensor export's parity (export/tensor_parity.py: 1, 2 and all rows, the sequence cut short) runs on real token
 ids at both extremes and on a batch of mixed lengths. Two checks are a text model's own:
-- the served tokenizer (export/tokenizer_spec.py, the `tokenizers` library) gives the very ids the training
+- the served tokenizer (contract/tokenizer_spec.py, the `tokenizers` library) gives the very ids the training
   tokenizer (transformers) gives, truncation included;
 - padding is exact: each sentence's logits in the padded batch equal its logits alone, in every artifact.
 The tokenizer's files and the model's config.json are copied into the export and hashed in the manifest.
@@ -26,18 +26,18 @@ import torch
 import torch.nn as nn
 from tokenizers import Tokenizer
 
+from contract.manifest import describe_artifacts, new_tensor_manifest, write_manifest
+from contract.signature import TASK_TEXT_CLASSIFICATION
+from contract.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
 from export.classifier_export import EXIT_PARITY, tolerance_of
 from export.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files, tokenizer_folder
 from export.job import Job, log_loading, origin_fields
-from export.manifest import describe_artifacts, new_tensor_manifest, write_manifest
 from export.parity import onnx_sessions
 from export.provenance import Provenance, load_checked, trace
-from export.signature import TASK_TEXT_CLASSIFICATION
 from export.sources import read_source
 from export.steps import timed
 from export.tensor_export import refuse_classifier_flags, write_tensor_export
 from export.tensor_model import Example, describe, first_line
-from export.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
 from export.unwrap import Unwrapped, unwrap_keys
 from train.class_names import check_class_names
 

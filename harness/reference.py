@@ -7,10 +7,10 @@ from typing import Any
 
 import torch.nn as nn
 
-from export.manifest import read_manifest_unchecked
+from contract.manifest import read_manifest_unchecked
+from contract.preprocessing import Preprocessing
 from train.checkpoint import load
 from train.models import build_model
-from train.preprocessing import Preprocessing
 from train.presets import eval_transform
 
 

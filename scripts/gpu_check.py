@@ -37,8 +37,8 @@ from bench.load import uploads  # noqa: E402
 from bench.results import result_path  # noqa: E402
 from bench.serve_throughput import default_sides  # noqa: E402
 from bench.workload import workload_name  # noqa: E402
-from export.manifest import read_manifest_unchecked  # noqa: E402
-from export.ort_cuda import preload_cuda_libraries  # noqa: E402
+from contract.manifest import read_manifest_unchecked  # noqa: E402
+from contract.ort_cuda import preload_cuda_libraries  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 

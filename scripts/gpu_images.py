@@ -18,8 +18,8 @@ sys.path.insert(0, str(ROOT))
 from bench.detection_serving import make_model  # noqa: E402
 from bench.results import result_path  # noqa: E402
 from bench.workload import workload_name  # noqa: E402
+from contract.manifest import read_manifest_unchecked  # noqa: E402
 from export.detection_parity import Detections, match_detections  # noqa: E402
-from export.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 DETECTOR, SEGMENTER = "fasterrcnn_mobilenet_v3_large_320_fpn", "lraspp_mobilenet_v3_large"

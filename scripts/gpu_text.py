@@ -16,7 +16,7 @@ from bench.load import Upload  # noqa: E402
 from bench.results import result_path  # noqa: E402
 from bench.text_serving import make_model, make_texts, requests_for  # noqa: E402
 from bench.workload import workload_name  # noqa: E402
-from export.manifest import read_manifest_unchecked  # noqa: E402
+from contract.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 
 TOLERANCE = 1e-3  # on probabilities: fp32 with TF32 off on CUDA, as the image steps

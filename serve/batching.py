@@ -56,7 +56,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from bentoml.exceptions import ServiceUnavailable
+
+from contract.errors import ClientError
 
 Rows = np.ndarray | dict[str, np.ndarray]  # a classifier's one input, or any model's inputs by name
 # The longest a batch waits for rows still being decoded, in decodes' time: 2 and 4 measured with
@@ -219,11 +220,11 @@ class ModelBatcher:
             return 0.0  # nothing measured yet, or nothing ahead: accept (the turn-time check catches a long wait)
         return running + (self.queued_rows + rows) * per_row
 
-    def _overloaded(self) -> ServiceUnavailable:
+    def _overloaded(self) -> ClientError:
         self.refused_last = time.monotonic()
         if self.refused_since is None:
             self.refused_since = self.refused_last
-        return ServiceUnavailable("overloaded: the model cannot answer within HANDOFF_MAX_LATENCY_MS")
+        return ClientError("overloaded: the model cannot answer within HANDOFF_MAX_LATENCY_MS", 503)
 
     def _next_batch(self) -> list[_Job]:
         """The queued jobs that fit in one batch, oldest first, all of the oldest one's shape; a job that waited

@@ -1,25 +1,76 @@
-"""One row of the route table (serve/routes.py), and what the table is turned into: the front door's body routes,
-handoff's Starlette routes, the paths the metrics and the API-key gate know, and the OpenAPI document.
+"""One row of the route table (serve/routes.py), what a handler is given and gives back (`Incoming`, `Answer`), and
+what the table is turned into: the router's matcher, the paths the metrics and the API-key gate know, and the
+OpenAPI document.
 
 Who answers a row:
-- FRONT_DOOR: serve/front_door.py reads and bounds the body, then calls the row's handler (every POST).
-- APP: handoff's Starlette app, mounted at / in BentoML's (page, /info, /metrics, /docs.json, the protocol's GETs).
+- HANDOFF: serve/router.py calls the row's handler, after the front door has read and bounded the body of a row
+  that takes one (`body`);
 - BENTOML: BentoML's own routes (its probes), listed so the table is whole and the document shows them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs
 
-from starlette.routing import Route
+from starlette.routing import compile_path
 
-from serve.front_door import BodyRoute
+from serve.front_door import BodyRoute, Scope
 
-FRONT_DOOR, APP, BENTOML = "front door", "app", "bentoml"
+HANDOFF, BENTOML = "handoff", "bentoml"
 ERROR = {"$ref": "#/components/schemas/Error"}
 JSON_OBJECT = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A request as a handler sees it: a body route's body already read and bounded by the front door."""
+
+    scope: Scope
+    body: bytes = b""
+    params: dict[str, list[str]] = field(default_factory=dict)
+    """a form's fields other than its file, or else the query string's"""
+    path_params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def content_type(self) -> str:
+        return self.header(b"content-type").split(";")[0].strip().lower()
+
+    def header(self, name: bytes) -> str:
+        for key, value in self.scope.get("headers") or []:
+            if key == name:
+                return value.decode("latin-1")
+        return ""
+
+    @property
+    def query(self) -> dict[str, list[str]]:
+        """The query string's parameters (a form's request has its own `params` besides)."""
+        return parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a handler answers: a JSON document (a dict, or bytes already encoded) or another body and its type."""
+
+    body: dict[str, Any] | bytes
+    media_type: str | None = "application/json"
+    """None: `headers` carry the Content-Type"""
+    status: int = 200
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+Handler = Callable[[Incoming], Awaitable[Answer]]
+
+
+@dataclass(frozen=True)
+class RouteSchema:
+    """A task's OpenAPI for one of its routes: the requestBody's `content` and the 200 answer (None: the row's)."""
+
+    request: dict[str, Any] | None = None
+    answer: tuple[str, dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -29,8 +80,10 @@ class Endpoint:
     """as Starlette matches it; `{name}` and `{version}` are path parameters (the protocol's model paths)"""
     summary: str
     answered_by: str
-    handler: Any = None
-    """FRONT_DOOR: a serve/front_door.py BodyRoute; APP: a Starlette endpoint; BENTOML: None"""
+    handler: Handler | None = None
+    """HANDOFF: the coroutine that answers it; BENTOML: None"""
+    body: BodyRoute | None = None
+    """a route that takes a body: what the front door accepts and reads for it"""
     open: bool = False
     """answered without an API key (probes, the page)"""
     request: dict[str, Any] = field(default_factory=dict)
@@ -45,20 +98,26 @@ class Endpoint:
     """False for a catch-all (the protocol's JSON 404 for any other /v2 path)"""
 
 
-def body_routes(endpoints: list[Endpoint], model_name: str) -> dict[str, BodyRoute]:
-    """The front door's routes, by concrete path."""
-    return {concrete(e.path, model_name): e.handler for e in endpoints if e.answered_by == FRONT_DOOR}
-
-
-def app_routes(endpoints: list[Endpoint]) -> list[Route]:
-    """handoff's Starlette routes, one per path (its methods gathered)."""
-    methods: dict[str, list[str]] = {}
-    handlers: dict[str, Callable[..., Any]] = {}
+def route_matcher(endpoints: list[Endpoint], model_name: str) -> Callable[[str, str], tuple[Endpoint, dict] | None]:
+    """(method, path) -> the first row that answers it and its path parameters, or None. A GET row answers HEAD too;
+    a body row matches its concrete path only (this model's name and version), so a request for another model is
+    not read at all."""
+    compiled = []
     for e in endpoints:
-        if e.answered_by == APP:
-            methods.setdefault(e.path, []).append(e.method)
-            handlers[e.path] = e.handler
-    return [Route(path, handlers[path], methods=methods[path]) for path in methods]
+        if e.body is not None:
+            pattern = re.compile("^" + re.escape(concrete(e.path, model_name)) + "$")
+        else:
+            pattern = compile_path(e.path)[0]
+        methods = {e.method, "HEAD"} if e.method == "GET" else {e.method}
+        compiled.append((methods, pattern, e))
+
+    def match(method: str, path: str) -> tuple[Endpoint, dict] | None:
+        for methods, pattern, e in compiled:
+            if method in methods and (found := pattern.match(path)):
+                return e, found.groupdict()
+        return None
+
+    return match
 
 
 def concrete(path: str, model_name: str, version: str = "1") -> str:
@@ -74,13 +133,18 @@ def open_paths(endpoints: list[Endpoint], model_name: str) -> frozenset[str]:
     return frozenset(concrete(e.path, model_name) for e in endpoints if e.open)
 
 
-def openapi_document(endpoints: list[Endpoint], title: str, version: str) -> dict[str, Any]:
-    """The OpenAPI 3 document of every documented row (GET /docs.json; schemathesis runs from it)."""
+def openapi_document(
+    endpoints: list[Endpoint], title: str, version: str, schemas: dict[str, RouteSchema] | None = None
+) -> dict[str, Any]:
+    """The OpenAPI 3 document of every documented row (GET /docs.json; schemathesis runs from it). `schemas`: the
+    served task's own request and answer schemas for the routes it answers (serve/tasks/), in place of the row's."""
     paths: dict[str, dict[str, Any]] = {}
     for e in endpoints:
         if not e.documented:
             continue
-        media, schema = e.answer
+        own = (schemas or {}).get(e.path)
+        media, schema = e.answer if own is None or own.answer is None else own.answer
+        request = e.request if own is None or own.request is None else own.request
         operation: dict[str, Any] = {
             "summary": e.summary,
             "operationId": f"{e.method.lower()}_{e.path.strip('/').replace('/', '_').strip('{}') or 'page'}",
@@ -100,8 +164,8 @@ def openapi_document(endpoints: list[Endpoint], title: str, version: str) -> dic
         ]
         if parameters or e.query:
             operation["parameters"] = [*parameters, *e.query]
-        if e.request:
-            operation["requestBody"] = {"required": True, "content": e.request}
+        if request:
+            operation["requestBody"] = {"required": True, "content": request}
         if not e.open:
             operation["security"] = [{"bearer": []}]
         paths.setdefault(e.path, {})[e.method.lower()] = operation

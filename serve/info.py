@@ -1,19 +1,14 @@
-"""GET /info: what the service serves (the model, its signature, where it came from, how it passed parity) and on
-what (runtime, precision, device, batching, CPU threads, the protocol's endpoints)."""
+"""GET /info: what the service serves (the model, its signature, where it came from, how it passed parity; the
+task adds its own fields) and on what (runtime, precision, device, batching, CPU threads, the protocol's endpoints).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from export.manifest import fast_decode_checked
-from export.signature import (
-    TASK_IMAGE_CLASSIFICATION,
-    TASK_OBJECT_DETECTION,
-    TASK_SEMANTIC_SEGMENTATION,
-    TASK_TEXT_CLASSIFICATION,
-)
-from serve.config import ServeConfig
+if TYPE_CHECKING:
+    from serve.service import ModelService
 
 
 def _source(manifest: dict[str, Any], show_paths: bool) -> dict[str, Any]:
@@ -24,23 +19,13 @@ def _source(manifest: dict[str, Any], show_paths: bool) -> dict[str, Any]:
     return source
 
 
-def service_info(service: Any, config: ServeConfig, version: str, protocol: dict[str, Any]) -> dict[str, Any]:
-    """What is being served, and on what (GET /info): `service` is the service instance."""
+def service_info(service: ModelService, version: str, protocol: dict[str, Any]) -> dict[str, Any]:
+    """What is being served, and on what (GET /info)."""
     if service.unready is not None:
         return {"ready": False, "reason": service.unready, "version": version}
-    m = service.manifest
-    model: dict[str, Any] = {"arch": m["arch"], "task": service.task, "signature": service.signature.to_dict()}
-    if service.task == TASK_IMAGE_CLASSIFICATION:
-        model |= {k: m[k] for k in ("num_classes", "classes", "input", "preprocess")}
-        model["decode"] = {"setting": config.decode, "fast_jpeg": service.fast_decode, "check": fast_decode_checked(m)}
-    else:
-        model["dynamic"] = m.get("dynamic", {})
-    if service.task == TASK_TEXT_CLASSIFICATION:
-        model |= {"labels": m["labels"], "tokenizer": m["tokenizer"]}
-    if service.task == TASK_OBJECT_DETECTION:
-        model |= {"labels": m["labels"], "detection": m["detection"]}
-    if service.task == TASK_SEMANTIC_SEGMENTATION:
-        model |= {"labels": m["labels"], "segmentation": m["segmentation"]}
+    config, m, task = service.config, service.manifest, service.task
+    model: dict[str, Any] = {"arch": m["arch"], "task": task.name, "signature": task.signature.to_dict()}
+    model |= task.info()
     model |= {
         "source": _source(m, config.show_paths),
         "parity": {"pass": m["parity"]["pass"], "device": m["parity"]["device"]},

@@ -14,14 +14,12 @@ from typing import Any
 import numpy as np
 import orjson
 
+from contract.errors import ClientError
+
 # The most characters one number takes in a JSON body, separators and indentation included: a float32 printed
 # in full ("-1.2345678901234567e-05", 23 characters) with ", " and a pretty-printer's newline and indent.
 CHARACTERS_PER_NUMBER = 48
 SLACK_BYTES = 4096  # the object's keys and brackets
-
-
-class BadJson(ValueError):
-    """What is wrong with a JSON body, in words the client can act on (answered with 400)."""
 
 
 def max_json_bytes(max_rows: int, row_shape: tuple[int, ...]) -> int:
@@ -33,7 +31,7 @@ def parse_json(body: bytes) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as err:  # malformed, not UTF-8, too deep, NaN, or a number past a double
-        raise BadJson(f"the body is not valid JSON ({str(err)[:120]}){not_json_numbers(body)}") from None
+        raise ClientError(f"the body is not valid JSON ({str(err)[:120]}){not_json_numbers(body)}") from None
 
 
 def not_json_numbers(body: bytes | memoryview) -> str:
@@ -58,15 +56,15 @@ def float32_rows(value: Any, name: str, row_shape: tuple[int, ...], max_rows: in
     shape = nested_shape(value)
     expected = f"[N, {', '.join(map(str, row_shape))}]" if row_shape else "[N]"
     if len(shape) != 1 + len(row_shape) or tuple(shape[1:]) != row_shape or shape[0] < 1:
-        raise BadJson(f"{name} has shape {shape}; expected {expected}")
+        raise ClientError(f"{name} has shape {shape}; expected {expected}")
     if shape[0] > max_rows:
-        raise BadJson(f"{name} has {shape[0]} rows; at most {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)")
+        raise ClientError(f"{name} has {shape[0]} rows; at most {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)")
     try:
         array = np.asarray(value, dtype=np.float32)
     except (ValueError, TypeError, OverflowError):
-        raise BadJson(f"{name} must be a rectangular nested list of numbers within float32's range") from None
+        raise ClientError(f"{name} must be a rectangular nested list of numbers within float32's range") from None
     if array.shape != (shape[0], *row_shape):
-        raise BadJson(f"{name} is ragged: rows of different lengths; expected {expected}")
+        raise ClientError(f"{name} is ragged: rows of different lengths; expected {expected}")
     if not np.isfinite(array).all():
-        raise BadJson(f"{name} contains NaN or Inf, or numbers beyond float32's range")
+        raise ClientError(f"{name} contains NaN or Inf, or numbers beyond float32's range")
     return array

@@ -7,7 +7,7 @@ the header's length in `Inference-Header-Content-Length`, each binary input's si
 
 Every size a client claims is checked against the bytes it sent before anything is allocated: a shape of
 10^9 rows in a small body, a binary_data_size that disagrees with shape x datatype, a header length past the
-body, a BYTES element whose 4-byte length runs past its tensor are all ProtocolError (400), and so is NaN or
+body, a BYTES element whose 4-byte length runs past its tensor are all ClientError (400), and so is NaN or
 Inf in a float input. Pure Python and NumPy: tests/unit/test_oip_codec.py drives it with hostile bodies.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import orjson  # parses a JSON tensor's numbers about 5x faster than json (bench/protocol_json.py)
 
+from contract.errors import ClientError
 from serve.json_body import not_json_numbers
 from serve.runtime import best_first
 
@@ -48,14 +49,6 @@ MAX_HEADER_DIGITS = 12
 # elements are split out of the body (4,980,736 empty elements in 19 MB took 6.8 s to split, round 3).
 MAX_BYTES_PER_ROW = 16
 BINARY_MEDIA_TYPE = "application/octet-stream"
-
-
-class ProtocolError(ValueError):
-    """A request the protocol cannot take, in words the client can act on (answered with `status`)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -95,16 +88,16 @@ def _header_length(value: bytes | None, body_size: int) -> int | None:
         return None
     text = value.strip()
     if not (text.isdigit() and len(text) <= MAX_HEADER_DIGITS):
-        raise ProtocolError(f"Inference-Header-Content-Length must be a whole number of bytes, got {text[:20]!r}")
+        raise ClientError(f"Inference-Header-Content-Length must be a whole number of bytes, got {text[:20]!r}")
     length = int(text)
     if not 0 < length <= body_size:
-        raise ProtocolError(f"Inference-Header-Content-Length {length} is outside the body's {body_size} bytes")
+        raise ClientError(f"Inference-Header-Content-Length {length} is outside the body's {body_size} bytes")
     return length
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ProtocolError(f"{what} must be a JSON object")
+        raise ClientError(f"{what} must be a JSON object")
     return value
 
 
@@ -115,7 +108,7 @@ def _shape(entry: dict[str, Any], name: str) -> tuple[int, ...]:
         or len(shape) > MAX_DIMS
         or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
-        raise ProtocolError(f"input {name!r}: shape must be a list of at most {MAX_DIMS} whole numbers >= 0")
+        raise ClientError(f"input {name!r}: shape must be a list of at most {MAX_DIMS} whole numbers >= 0")
     return tuple(shape)
 
 
@@ -139,28 +132,26 @@ def _flatten(data: Any, limit: int) -> list[Any]:
 def _check_size(shape: tuple[int, ...], datatype: str, name: str, max_rows: int | None) -> None:
     """Refuse a tensor too large for one request by its shape alone, before its data is read."""
     if max_rows is not None and shape and shape[0] > max_rows:
-        raise ProtocolError(
-            f"input {name!r}: {shape[0]} rows; send 1 to {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)"
-        )
+        raise ClientError(f"input {name!r}: {shape[0]} rows; send 1 to {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)")
     if datatype == "BYTES" and math.prod(shape[1:]) > MAX_BYTES_PER_ROW:
-        raise ProtocolError(f"input {name!r}: at most {MAX_BYTES_PER_ROW} BYTES elements per row, shape {list(shape)}")
+        raise ClientError(f"input {name!r}: at most {MAX_BYTES_PER_ROW} BYTES elements per row, shape {list(shape)}")
 
 
 def split_bytes(chunk: memoryview, count: int, name: str) -> list[bytes]:
     """A BYTES tensor's binary form (each element: a 4-byte little-endian length, then its bytes)."""
     if count * 4 > len(chunk):  # every element takes 4 bytes at least: a claim the body cannot hold
-        raise ProtocolError(f"input {name!r}: {count} BYTES elements cannot fit in {len(chunk)} bytes")
+        raise ClientError(f"input {name!r}: {count} BYTES elements cannot fit in {len(chunk)} bytes")
     elements, offset = [], 0
     while offset < len(chunk):
         if offset + 4 > len(chunk):
-            raise ProtocolError(f"input {name!r}: a BYTES element's 4-byte length is cut off")
+            raise ClientError(f"input {name!r}: a BYTES element's 4-byte length is cut off")
         (size,) = struct.unpack_from("<I", chunk, offset)
         if offset + 4 + size > len(chunk):
-            raise ProtocolError(f"input {name!r}: a BYTES element of {size} bytes runs past its tensor")
+            raise ClientError(f"input {name!r}: a BYTES element of {size} bytes runs past its tensor")
         elements.append(bytes(chunk[offset + 4 : offset + 4 + size]))
         offset += 4 + size
     if len(elements) != count:
-        raise ProtocolError(f"input {name!r}: shape holds {count} BYTES elements, the data {len(elements)}")
+        raise ClientError(f"input {name!r}: shape holds {count} BYTES elements, the data {len(elements)}")
     return elements
 
 
@@ -170,7 +161,7 @@ def _binary_value(chunk: memoryview, datatype: str, shape: tuple[int, ...], name
         return split_bytes(chunk, count, name)
     dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
     if len(chunk) != count * dtype.itemsize:
-        raise ProtocolError(
+        raise ClientError(
             f"input {name!r}: binary_data_size {len(chunk)} disagrees with shape {list(shape)} x {datatype} "
             f"({count * dtype.itemsize} bytes)"
         )
@@ -189,14 +180,14 @@ def json_array(data: Any, datatype: str, name: str) -> np.ndarray:
     try:
         array = np.asarray(data)
     except (ValueError, OverflowError):
-        raise ProtocolError(f"input {name!r}: data must be a flat or rectangular nested list") from None
+        raise ClientError(f"input {name!r}: data must be a flat or rectangular nested list") from None
     family = next(prefix for prefix in ("FP", "UINT", "INT", "BOOL") if datatype.startswith(prefix))
     if array.dtype.kind not in JSON_KINDS[family] and array.size:
         sort = {"FP": "numbers", "INT": "whole numbers", "UINT": "whole numbers", "BOOL": "true/false"}[family]
-        raise ProtocolError(f"input {name!r}: {datatype} data must be {sort}")
+        raise ClientError(f"input {name!r}: {datatype} data must be {sort}")
     target = np.dtype(DATATYPES[datatype])
     if array.dtype.kind == "i" and target.kind in "iu" and not fits_integers(array, target):
-        raise ProtocolError(f"input {name!r}: a number is out of {datatype}'s range")
+        raise ClientError(f"input {name!r}: a number is out of {datatype}'s range")
     return array.astype(target)
 
 
@@ -211,13 +202,13 @@ def _json_value(data: Any, datatype: str, shape: tuple[int, ...], name: str) -> 
     if datatype == "BYTES":
         leaves = _flatten(data, count)
         if len(leaves) != count:
-            raise ProtocolError(f"input {name!r}: shape {list(shape)} holds {count} elements, data has {len(leaves)}")
+            raise ClientError(f"input {name!r}: shape {list(shape)} holds {count} elements, data has {len(leaves)}")
         if not all(isinstance(leaf, str) for leaf in leaves):
-            raise ProtocolError(f"input {name!r}: BYTES data in JSON must be strings")
+            raise ClientError(f"input {name!r}: BYTES data in JSON must be strings")
         return [leaf.encode() for leaf in leaves]
     array = json_array(data, datatype, name)
     if array.size != count:
-        raise ProtocolError(f"input {name!r}: shape {list(shape)} holds {count} elements, data has {array.size}")
+        raise ClientError(f"input {name!r}: shape {list(shape)} holds {count} elements, data has {array.size}")
     return array.reshape(shape)
 
 
@@ -225,18 +216,18 @@ def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...] | None:
     if entries is None:
         return None
     if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
-        raise ProtocolError(f"outputs must be a list of at most {MAX_TENSORS} objects")
+        raise ClientError(f"outputs must be a list of at most {MAX_TENSORS} objects")
     requested = []
     for entry in entries:
         entry = _object(entry, "each output")
         name, parameters = entry.get("name"), _object(entry.get("parameters") or {}, "an output's parameters")
         binary, k = parameters.get("binary_data"), parameters.get("classification")
         if not isinstance(name, str):
-            raise ProtocolError("each output needs a name")
+            raise ClientError("each output needs a name")
         if binary is not None and not isinstance(binary, bool):
-            raise ProtocolError(f"output {name!r}: binary_data must be true or false")
+            raise ClientError(f"output {name!r}: binary_data must be true or false")
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1000):
-            raise ProtocolError(f"output {name!r}: classification must be a whole number from 1 to 1000")
+            raise ClientError(f"output {name!r}: classification must be a whole number from 1 to 1000")
         requested.append(RequestedOutput(name, binary, k))
     return tuple(requested)
 
@@ -250,27 +241,27 @@ def parse_infer_request(body: bytes, header_length: bytes | None, max_rows: int 
     try:
         document = _object(orjson.loads(header), "the request")
     except orjson.JSONDecodeError as err:
-        raise ProtocolError(
+        raise ClientError(
             f"the request's JSON header is not valid JSON ({str(err)[:120]}){not_json_numbers(header)}"
         ) from None
     entries = document.get("inputs")
     if not isinstance(entries, list) or not 1 <= len(entries) <= MAX_TENSORS:
-        raise ProtocolError(f"inputs must be a list of 1 to {MAX_TENSORS} tensors")
+        raise ClientError(f"inputs must be a list of 1 to {MAX_TENSORS} tensors")
     inputs: dict[str, InputTensor] = {}
     offset = 0
     for entry in entries:
         entry = _object(entry, "each input")
         name, datatype = entry.get("name"), entry.get("datatype")
         if not isinstance(name, str) or name in inputs:
-            raise ProtocolError(f"each input needs a distinct name, got {name!r}")
+            raise ClientError(f"each input needs a distinct name, got {name!r}")
         if datatype not in DATATYPES:
-            raise ProtocolError(f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}")
+            raise ClientError(f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}")
         shape = _shape(entry, name)
         _check_size(shape, datatype, name, max_rows)
         size = _object(entry.get("parameters") or {}, f"input {name!r}'s parameters").get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
-                raise ProtocolError(
+                raise ClientError(
                     f"input {name!r}: binary_data_size {size!r} runs past the {len(binary)} bytes of binary data"
                 )
             value = _binary_value(binary[offset : offset + size], datatype, shape, name)
@@ -278,19 +269,19 @@ def parse_infer_request(body: bytes, header_length: bytes | None, max_rows: int 
         elif "data" in entry:
             value = _json_value(entry["data"], datatype, shape, name)
         else:
-            raise ProtocolError(f"input {name!r}: has neither data nor parameters.binary_data_size")
+            raise ClientError(f"input {name!r}: has neither data nor parameters.binary_data_size")
         if datatype.startswith("FP") and not np.isfinite(value).all():
-            raise ProtocolError(f"input {name!r}: contains NaN or Inf")
+            raise ClientError(f"input {name!r}: contains NaN or Inf")
         inputs[name] = InputTensor(name, datatype, shape, value)
     if offset != len(binary):
-        raise ProtocolError(f"{len(binary) - offset} bytes of binary data follow the inputs that no input claims")
+        raise ClientError(f"{len(binary) - offset} bytes of binary data follow the inputs that no input claims")
     parameters = _object(document.get("parameters") or {}, "the request's parameters")
     binary_output = parameters.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
-        raise ProtocolError("parameters.binary_data_output must be true or false")
+        raise ClientError("parameters.binary_data_output must be true or false")
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise ProtocolError("id must be a string")
+        raise ClientError("id must be a string")
     return InferRequest(request_id, inputs, _requested_outputs(document.get("outputs")), binary_output)
 
 

@@ -25,9 +25,8 @@ import bentoml
 import prometheus_client
 from prometheus_client import multiprocess
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import Response
 
+from serve.endpoint import Answer, Incoming
 from serve.front_door import Receive, Scope, Send
 
 UNKNOWN = "/__unknown_path__"
@@ -140,6 +139,6 @@ def _exposition() -> bytes:
     return prometheus_client.generate_latest()
 
 
-async def metrics_page(request: Request) -> Response:
+async def metrics_page(request: Incoming) -> Answer:
     """GET /metrics: Prometheus's text format, read in a thread (it reads a file per worker in multiprocess mode)."""
-    return Response(await run_in_threadpool(_exposition), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+    return Answer(await run_in_threadpool(_exposition), prometheus_client.CONTENT_TYPE_LATEST)

@@ -1,25 +1,30 @@
 """Every route the service answers, in one table: `endpoints()`. serve/service.py builds the server from it.
 
-A POST is read by the front door (serve/front_door.py: limits, content types, the request slots) and handed to
-its handler; a GET goes to handoff's Starlette app or, for BentoML's probes, to BentoML. The same table gives
-the OpenAPI document at /docs.json, the paths with their own /metrics series and the paths open without a key.
-There are no `@bentoml.api` methods: each route's handler below is the code that answers it.
+serve/router.py dispatches every request from this table: a row that takes a body (`body`) is read and bounded
+by the front door first (serve/front_door.py: limits, content types, the request slots); BentoML's own probes are
+listed so the table is whole. The same table gives the OpenAPI document at /docs.json (each task adds its own
+request and answer schemas), the paths with their own /metrics series and the paths open without a key. The model's
+routes (/classify, /detect, /segment, /predict) are answered by the served task (serve/tasks/), or refused by it
+with a 404 that names the routes it does answer.
 """
 
 from __future__ import annotations
 
-from bentoml import get_current_service
-from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse
+from typing import TYPE_CHECKING, cast
 
-from serve.endpoint import APP, BENTOML, FRONT_DOOR, Endpoint, openapi_document
+from bentoml import get_current_service  # resolved once: `bentoml.get_current_service` imports it on every use
+
+from serve.endpoint import BENTOML, HANDOFF, Answer, Endpoint, Handler, Incoming, openapi_document
 from serve.front_door import MULTIPART, BodyRoute
-from serve.handlers import TEXT_TYPES, classify, detect, predict_tensor, segment
 from serve.oip import ProtocolSurface
 from serve.page import PAGE, PAGE_HEADERS
 from serve.request_metrics import metrics_page
+from serve.tasks.images import RAW_IMAGE_TYPES
+from serve.tasks.text_classification import TEXT_TYPES
 
-RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif")
+if TYPE_CHECKING:
+    from serve.service import ModelService
+
 CLASSIFY_FIELDS = {"image": "file", "top_k": "integer"}  # the multipart form's fields, checked by the front door
 DETECT_FIELDS = {"image": "file"}  # /detect's and /segment's form
 TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}
@@ -40,25 +45,40 @@ PREDICT_BODY = {
     "description": 'a classifier\'s {"tensor": N x C x H x W nested lists}, '
     'or any model\'s {"inputs": {name: nested list}}',
 }
+PAGE_BYTES = PAGE.read_bytes()
+HTML_HEADERS = tuple((name.encode(), value.encode()) for name, value in PAGE_HEADERS.items())
 
 
-async def page(request: Request) -> FileResponse:
-    return FileResponse(PAGE, media_type="text/html", headers=PAGE_HEADERS)
+def service() -> ModelService:
+    return cast("ModelService", get_current_service())
 
 
-async def info(request: Request) -> JSONResponse:
-    return JSONResponse(get_current_service().describe())
+async def page(request: Incoming) -> Answer:
+    return Answer(PAGE_BYTES, "text/html; charset=utf-8", headers=HTML_HEADERS)
 
 
-def predict_limit() -> int:
-    return get_current_service().max_predict_bytes()
+async def info(request: Incoming) -> Answer:
+    return Answer(service().describe())
+
+
+def task_route(route: str) -> Handler:
+    """A model route: answered by the served task, or refused by it (404) if it is not one of the task's."""
+
+    async def answer(request: Incoming) -> Answer:
+        return await service().answer(route, request)
+
+    return answer
+
+
+def body_limit(route: str) -> int:
+    return service().max_body_bytes(route)
 
 
 def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpoint]:
     """The table. `protocol` answers the Open Inference Protocol's rows for the served model."""
 
-    async def docs(request: Request) -> JSONResponse:
-        return JSONResponse(openapi_document(table, title, version))
+    async def docs(request: Incoming) -> Answer:
+        return Answer(openapi_document(table, title, version, service().task_schemas()))
 
     field_schemas = {"file": BINARY, "integer": TOP_K}  # the form's one integer is top_k
     image_form = {
@@ -67,10 +87,12 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
         "required": [name for name, kind in CLASSIFY_FIELDS.items() if kind == "file"],
     }
     table = [
-        Endpoint("GET", "/", "a page to try the model in a browser", APP, page, open=True, answer=("text/html", {})),
-        Endpoint("GET", "/info", "what is served: the model, its signature, the runtime and device", APP, info),
-        Endpoint("GET", "/metrics", "Prometheus metrics", APP, metrics_page, answer=("text/plain", {})),
-        Endpoint("GET", "/docs.json", "this OpenAPI document", APP, docs),
+        Endpoint(
+            "GET", "/", "a page to try the model in a browser", HANDOFF, page, open=True, answer=("text/html", {})
+        ),
+        Endpoint("GET", "/info", "what is served: the model, its signature, the runtime and device", HANDOFF, info),
+        Endpoint("GET", "/metrics", "Prometheus metrics", HANDOFF, metrics_page, answer=("text/plain", {})),
+        Endpoint("GET", "/docs.json", "this OpenAPI document", HANDOFF, docs),
         Endpoint("GET", "/livez", "the process is up (BentoML's probe)", BENTOML, open=True, answer=("text/plain", {})),
         Endpoint(
             "GET",
@@ -86,8 +108,9 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             "/classify",
             "classes, best first: an image (a multipart form with `image` and `top_k`, or the image as the body), "
             'or for a text classifier a text ({"text": ..., "top_k": K} or text/plain)',
-            FRONT_DOOR,
-            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES, *TEXT_TYPES}), classify, CLASSIFY_FIELDS),
+            HANDOFF,
+            task_route("/classify"),
+            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES, *TEXT_TYPES}), CLASSIFY_FIELDS),
             request={
                 MULTIPART: {"schema": image_form},
                 **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES},
@@ -102,8 +125,9 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             "/detect",
             "a detector's detections, best first, boxes in the image's pixels: an image (a multipart form with "
             "`image`, or the image as the body)",
-            FRONT_DOOR,
-            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), detect, DETECT_FIELDS),
+            HANDOFF,
+            task_route("/detect"),
+            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), DETECT_FIELDS),
             request=IMAGE_REQUEST,
             errors=(400, 404, 408, 413, 415, 429, 503),
         ),
@@ -112,8 +136,9 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             "/segment",
             "a segmenter's class per pixel, as a PNG of class indices in the image's size (`?format=json`: the "
             "classes present and their share): an image (a multipart form with `image`, or the image as the body)",
-            FRONT_DOOR,
-            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), segment, DETECT_FIELDS),
+            HANDOFF,
+            task_route("/segment"),
+            BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), DETECT_FIELDS),
             request=IMAGE_REQUEST,
             query=({"name": "format", "in": "query", "required": False, "schema": {"enum": ["png", "json"]}},),
             answer=("image/png", {}),
@@ -123,18 +148,19 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             "POST",
             "/predict",
             "a preprocessed tensor's logits and probabilities, or any model's outputs by name",
-            FRONT_DOOR,
-            BodyRoute(frozenset({"application/json"}), predict_tensor, max_bytes=predict_limit),
+            HANDOFF,
+            task_route("/predict"),
+            BodyRoute(frozenset({"application/json"}), max_bytes=lambda: body_limit("/predict")),
             request={"application/json": {"schema": PREDICT_BODY}},
             errors=(400, 408, 413, 415, 429, 503),
         ),
-        Endpoint("GET", "/v2", "the protocol's server metadata", APP, protocol.server_metadata),
-        Endpoint("GET", "/v2/health/live", "the protocol's liveness", APP, protocol.live, open=True),
+        Endpoint("GET", "/v2", "the protocol's server metadata", HANDOFF, protocol.server_metadata),
+        Endpoint("GET", "/v2/health/live", "the protocol's liveness", HANDOFF, protocol.live, open=True),
         Endpoint(
             "GET",
             "/v2/health/ready",
             "the protocol's readiness (503 until ready)",
-            APP,
+            HANDOFF,
             protocol.ready,
             open=True,
             errors=(503,),
@@ -144,13 +170,18 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
         model = protocol.for_this_model
         table += [
             Endpoint(
-                "GET", prefix, "the model's inputs and outputs", APP, model(protocol.model_metadata), errors=(404, 503)
+                "GET",
+                prefix,
+                "the model's inputs and outputs",
+                HANDOFF,
+                model(protocol.model_metadata),
+                errors=(404, 503),
             ),
             Endpoint(
                 "GET",
                 f"{prefix}/ready",
                 "the model's readiness",
-                APP,
+                HANDOFF,
                 model(protocol.ready),
                 open=True,
                 errors=(404, 503),
@@ -159,7 +190,7 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
                 "GET",
                 f"{prefix}/config",
                 "Triton's model configuration",
-                APP,
+                HANDOFF,
                 model(protocol.model_config),
                 errors=(404, 503),
             ),
@@ -167,9 +198,10 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
                 "POST",
                 f"{prefix}/infer",
                 "the protocol's infer: JSON, or JSON and binary tensors (Inference-Header-Content-Length)",
-                FRONT_DOOR,
+                HANDOFF,
+                protocol.infer,
                 # tritonclient sends binary bodies with no Content-Type
-                BodyRoute(frozenset({"", "application/json", "application/octet-stream"}), protocol.infer),
+                BodyRoute(frozenset({"", "application/json", "application/octet-stream"})),
                 request={
                     "application/json": {"schema": {"type": "object"}},
                     "application/octet-stream": {"schema": BINARY},
@@ -179,7 +211,7 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
         ]
     # Anything else under /v2 (an unknown model's infer, a typo) is a JSON 404, never a text page.
     table += [
-        Endpoint(method, "/v2/{rest:path}", "not a protocol endpoint", APP, protocol.not_found, documented=False)
+        Endpoint(method, "/v2/{rest:path}", "not a protocol endpoint", HANDOFF, protocol.not_found, documented=False)
         for method in ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD")
     ]
     return table

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from export.manifest import ONNX, ONNX_DATA, ONNX_INT8, TORCHSCRIPT, read_artifact
-from export.ort_cuda import gpu_present, preload_cuda_libraries
-from export.signature import read_signature
+from contract.manifest import ONNX, ONNX_DATA, ONNX_INT8, TORCHSCRIPT, read_artifact
+from contract.ort_cuda import gpu_present, preload_cuda_libraries
+from contract.signature import read_signature
 
 log = logging.getLogger("bentoml.handoff.runtime")
 

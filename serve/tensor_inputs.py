@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from export.signature import Signature, TensorSpec
-from serve.oip_codec import OIP_DATATYPE, ProtocolError, fits_integers, json_array
+from contract.errors import ClientError
+from contract.signature import Signature, TensorSpec
+from serve.oip_codec import OIP_DATATYPE, fits_integers, json_array
 
 
 def _convert(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
@@ -25,14 +26,14 @@ def _convert(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
     if array.dtype.kind == "f" and target.kind == "f":
         converted = array.astype(target)
         if not np.isfinite(converted).all():
-            raise ProtocolError(f"input {spec.name!r}: values beyond {OIP_DATATYPE[spec.dtype]}'s range")
+            raise ClientError(f"input {spec.name!r}: values beyond {OIP_DATATYPE[spec.dtype]}'s range")
         return converted
     if array.dtype.kind in "iu" and target.kind in "iu":
         if not fits_integers(array, target):
-            raise ProtocolError(f"input {spec.name!r}: a value is out of {OIP_DATATYPE[spec.dtype]}'s range")
+            raise ClientError(f"input {spec.name!r}: a value is out of {OIP_DATATYPE[spec.dtype]}'s range")
         return array.astype(target)
     given = OIP_DATATYPE.get(array.dtype.name, array.dtype.name)
-    raise ProtocolError(f"input {spec.name!r} is {OIP_DATATYPE[spec.dtype]}, not {given}")
+    raise ClientError(f"input {spec.name!r} is {OIP_DATATYPE[spec.dtype]}, not {given}")
 
 
 def _check_shape(array: np.ndarray, spec: TensorSpec) -> None:
@@ -41,29 +42,29 @@ def _check_shape(array: np.ndarray, spec: TensorSpec) -> None:
         want == -1 or got == want for got, want in zip(array.shape[1:], spec.shape[1:])
     )
     if not fits or 0 in array.shape[1:]:
-        raise ProtocolError(f"input {spec.name!r} has shape {list(array.shape)}; expected {expected} (*: any size)")
+        raise ClientError(f"input {spec.name!r} has shape {list(array.shape)}; expected {expected} (*: any size)")
 
 
 def model_inputs(given: dict[str, np.ndarray], signature: Signature, max_rows: int) -> dict[str, np.ndarray]:
-    """`given`, checked and converted to what the model takes; ProtocolError (400) says what is wrong."""
+    """`given`, checked and converted to what the model takes; ClientError (400) says what is wrong."""
     names = [spec.name for spec in signature.inputs]
     missing, unknown = sorted(set(names) - set(given)), sorted(set(given) - set(names))
     if missing or unknown:
         parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
             [f"unknown {', '.join(unknown)}"] if unknown else []
         )
-        raise ProtocolError(f"inputs: {'; '.join(parts)}; this model takes {', '.join(names)}")
+        raise ClientError(f"inputs: {'; '.join(parts)}; this model takes {', '.join(names)}")
     checked = {}
     for spec in signature.inputs:
         array = _convert(np.asarray(given[spec.name]), spec)
         _check_shape(array, spec)
         if array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise ProtocolError(f"input {spec.name!r}: contains NaN or Inf")
+            raise ClientError(f"input {spec.name!r}: contains NaN or Inf")
         checked[spec.name] = np.ascontiguousarray(array)
     rows = {len(a) for a in checked.values()}
     if len(rows) != 1:
         sizes = ", ".join(f"{n} {len(a)}" for n, a in checked.items())
-        raise ProtocolError(f"inputs disagree on the batch (dimension 0): {sizes}")
+        raise ClientError(f"inputs disagree on the batch (dimension 0): {sizes}")
     check_rows(next(iter(rows)), max_rows)
     return checked
 
@@ -73,7 +74,7 @@ def check_answer_size(outputs: dict[str, np.ndarray], max_numbers: int) -> None:
     request to an outer-product model made a 172 MB answer and a 2 GB peak (security round 3, item 10)."""
     numbers = sum(int(np.size(value)) for value in outputs.values())
     if numbers > max_numbers:
-        raise ProtocolError(
+        raise ClientError(
             f"the model's answer holds {numbers} numbers, more than the {max_numbers} one response may carry "
             "(HANDOFF_MAX_BODY_MB x 65,536); send fewer rows",
             status=413,
@@ -88,14 +89,14 @@ def outputs_json(outputs: dict[str, np.ndarray]) -> bytes:
 
 def check_rows(rows: int, max_rows: int) -> None:
     if not 1 <= rows <= max_rows:
-        raise ProtocolError(f"{rows} rows; send 1 to {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)")
+        raise ClientError(f"{rows} rows; send 1 to {max_rows} per request (HANDOFF_MAX_BATCH_SIZE)")
 
 
 def json_inputs(document: Any, signature: Signature) -> dict[str, np.ndarray]:
     """POST /predict's `{"inputs": {name: nested list}}` as arrays of the model's datatypes (checked after)."""
     if not isinstance(document, dict) or set(document) != {"inputs"} or not isinstance(document["inputs"], dict):
         example = ", ".join(f'"{t.name}": [...]' for t in signature.inputs)
-        raise ProtocolError(f'expected a JSON object {{"inputs": {{{example}}}}}')
+        raise ClientError(f'expected a JSON object {{"inputs": {{{example}}}}}')
     specs = {t.name: t for t in signature.inputs}
     return {
         name: json_array(value, OIP_DATATYPE[specs[name].dtype], name) if name in specs else np.asarray([])

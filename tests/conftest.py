@@ -303,7 +303,7 @@ def missing_cuda_library(python: Path, onnx_model: Path, cwd: Path) -> str:
     pip-installed CUDA libraries (the service's own preload). On a machine without a GPU, a complete
     environment lacks only the driver, libcuda.so.1."""
     script = (
-        "import onnxruntime as ort; from export.ort_cuda import preload_cuda_libraries; "
+        "import onnxruntime as ort; from contract.ort_cuda import preload_cuda_libraries; "
         f"preload_cuda_libraries(); ort.InferenceSession({str(onnx_model)!r}, providers=['CUDAExecutionProvider'])"
     )
     result = subprocess.run([str(python), "-c", script], cwd=cwd, capture_output=True, text=True, timeout=120)

@@ -20,7 +20,7 @@ import torch
 import tritonclient.http as triton
 from conftest import ROOT, Server
 
-from export.manifest import read_manifest_unchecked
+from contract.manifest import read_manifest_unchecked
 
 pytestmark = pytest.mark.xdist_group("any_model")
 

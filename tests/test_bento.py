@@ -26,9 +26,9 @@ from conftest import (
     png_bytes,
 )
 
-from export.manifest import read_manifest_unchecked
+from contract.manifest import read_manifest_unchecked
+from contract.pil_transform import Preprocessor
 from serve.config import SETTINGS
-from train.pil_transform import Preprocessor
 
 pytestmark = pytest.mark.xdist_group("bento")  # its module fixtures stay on one worker
 
@@ -238,7 +238,7 @@ def test_a_bento_built_from_a_text_export_answers_a_text(bento, text_run, tmp_pa
     """The Trainer's checkpoint exported into the store under its own name and built into a Bento: the Bento's
     environment (the tokenizers library, no torch, no transformers) tokenizes and answers a text as the export's
     own ONNX model does on the export's tokenizer."""
-    from export.tokenizer_spec import TextTokenizer, TokenizerSettings
+    from contract.tokenizer_spec import TextTokenizer, TokenizerSettings
 
     env = {**os.environ, "BENTOML_HOME": str(bento["home"]), "HANDOFF_MODEL_NAME": "handoff-text"}
     out = tmp_path / "text.export"

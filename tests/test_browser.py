@@ -12,7 +12,7 @@ import httpx
 import pytest
 from conftest import Server, digit_images, eager_top1, png_bytes
 
-from export.manifest import read_manifest_unchecked
+from contract.manifest import read_manifest_unchecked
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
@@ -64,7 +64,7 @@ def test_page_classifies_an_uploaded_image_like_the_eager_model(browser, exporte
     image = digit_images(8)[0][7].resize((96, 96))  # a validation digit; the service resizes as in training
     upload = tmp_path / "digit.png"
     upload.write_bytes(png_bytes(image))
-    classes = read_manifest_unchecked(exported)["classes"]
+    classes = read_manifest_unchecked(exported)["labels"]
     expected = classes[eager_top1(eager, [image])[0]]
 
     with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(exported)) as srv:

@@ -19,8 +19,8 @@ import tritonclient.http as triton
 from conftest import Server, photo_jpegs, png_bytes, run
 from PIL import Image
 
+from contract.manifest import read_manifest_unchecked
 from export.detection_parity import Detections, match_detections
-from export.manifest import read_manifest_unchecked
 
 pytestmark = pytest.mark.xdist_group("detection")
 ARCH = "fasterrcnn_mobilenet_v3_large_320_fpn"

@@ -17,7 +17,7 @@ import torch
 from conftest import ROOT, TRAIN
 from conftest import run as run_cmd
 
-from export.manifest import MANIFEST, MANIFEST_FORMAT, read_manifest_unchecked, sha256_file
+from contract.manifest import MANIFEST, MANIFEST_FORMAT, read_manifest_unchecked, sha256_file
 
 pytestmark = pytest.mark.xdist_group("export")  # its module fixtures stay on one worker
 
@@ -128,7 +128,7 @@ def test_trainer_checkpoint_end_to_end(tmp_path: Path, bento_home: Path):
     assert result.returncode == 0, result.stderr
     out = run_dir / "last.export"
     manifest = read_manifest(out)
-    assert manifest["format"] == MANIFEST_FORMAT and manifest["classes"] == [str(i) for i in range(10)]
+    assert manifest["format"] == MANIFEST_FORMAT and manifest["labels"] == [str(i) for i in range(10)]
     assert set(manifest["artifacts"]) == {"model.onnx", "model.pt2", "model.torchscript.pt", "model.safetensors"}
     for name, info in manifest["artifacts"].items():
         assert sha256_file(out / name) == info["sha256"] and (out / name).stat().st_size == info["bytes"]
@@ -141,7 +141,7 @@ def test_trainer_checkpoint_end_to_end(tmp_path: Path, bento_home: Path):
     import onnx
 
     props = {p.key: p.value for p in onnx.load(str(out / "model.onnx")).metadata_props}
-    assert json.loads(props["handoff.classes"]) == manifest["classes"]
+    assert json.loads(props["handoff.labels"]) == manifest["labels"]
     assert json.loads(props["handoff.preprocess"]) == manifest["preprocess"]
     # Compare the ONNX output with the eager model ourselves, on real digits at several batch sizes.
     from PIL import Image
@@ -217,8 +217,8 @@ def test_provoked_parity_failure_exits_3_and_marks_folder(checkpoints, tmp_path:
     manifest = read_manifest(out)
     assert manifest["status"] == "failed" and not manifest["parity"]["pass"]
     assert manifest["parity"]["results"][0]["max_abs_error"] > 0
-    from export.manifest import ManifestError
-    from export.manifest import read_manifest as serve_reads
+    from contract.manifest import ManifestError
+    from contract.manifest import read_manifest as serve_reads
 
     with pytest.raises(ManifestError, match="parity did not pass"):
         serve_reads(out)

@@ -251,8 +251,8 @@ def test_checkpoints_that_are_not_regular_files_are_refused(tmp_path):
 
 
 def _handoff_checkpoint(path: Path, **meta_changes) -> Path:
+    from contract.preprocessing import Preprocessing
     from train.checkpoint import EMBEDDED_DIGITS, FORMAT, make_meta
-    from train.preprocessing import Preprocessing
 
     classes = [f"c{i}" for i in range(fx.CLASSES)]
     pre = Preprocessing(crop=32, resize=32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
@@ -302,8 +302,8 @@ def test_safetensors_only_is_not_checked_and_not_registered(checkpoints_dir, tmp
     manifest = read_manifest(out)
     assert manifest["status"] == "not checked" and manifest["parity"]["pass"] is None
     assert "NOT CHECKED" in result.stdout and not (home / "models").exists()
-    from export.manifest import ManifestError
-    from export.manifest import read_manifest as serve_reads
+    from contract.manifest import ManifestError
+    from contract.manifest import read_manifest as serve_reads
 
     with pytest.raises(ManifestError, match="not checked"):
         serve_reads(out)

@@ -14,7 +14,7 @@ import torch
 from conftest import Server, classify, digit_images, eager_from_export, png_bytes
 from test_export import export_cli, read_manifest
 
-from train.pil_transform import Preprocessor
+from contract.pil_transform import Preprocessor
 
 pytestmark = pytest.mark.xdist_group("formats")  # its module fixtures stay on one worker
 

@@ -18,7 +18,7 @@ from conftest import Server, photo_jpegs, png_bytes, probe_timeout_s
 from PIL import Image
 from test_serve_attacks_round3 import slowest_probe_during
 
-from export.manifest import read_manifest_unchecked
+from contract.manifest import read_manifest_unchecked
 
 pytestmark = pytest.mark.xdist_group("segmentation")
 ARCH = "deeplabv3_mobilenet_v3_large"

@@ -30,11 +30,11 @@ from conftest import (
 from docs_snippets import run_curl_lines, run_python_block
 from PIL import Image
 
-from export.manifest import read_manifest_unchecked
+from contract.manifest import read_manifest_unchecked
+from contract.pil_transform import Preprocessor
+from contract.preprocessing import Preprocessing
 from serve.config import usable_cores
 from serve.request_metrics import UNKNOWN
-from train.pil_transform import Preprocessor
-from train.preprocessing import Preprocessing
 from train.presets import eval_transform
 
 pytestmark = pytest.mark.xdist_group("serve")  # its module fixtures stay on one worker

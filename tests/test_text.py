@@ -19,7 +19,7 @@ import tritonclient.http as triton
 from conftest import Server, run
 from safetensors.numpy import load_file
 
-from export.manifest import read_manifest_unchecked
+from contract.manifest import read_manifest_unchecked
 
 pytestmark = pytest.mark.xdist_group("text")
 

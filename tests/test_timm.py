@@ -87,9 +87,9 @@ def test_service_preprocessing_is_timms_eval_transform(arch):
     from sklearn.datasets import load_sample_images
     from timm.data import create_transform, resolve_data_config
 
+    from contract.pil_transform import Preprocessor
     from export.architecture import _preprocess
     from export.sources import Source
-    from train.pil_transform import Preprocessor
 
     name = arch.removeprefix("timm/")
     preprocess = _preprocess(Source(Path("x"), "", "state_dict", {}), arch, None)

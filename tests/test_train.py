@@ -29,7 +29,7 @@ from conftest import (
     wait_for,
 )
 
-from export.manifest import read_manifest_unchecked
+from contract.manifest import read_manifest_unchecked
 from train.checkpoint import FORMAT, META_KEYS, REQUIRED_KEYS
 from train.models import build_model
 
@@ -346,7 +346,7 @@ def test_imagefolder_data_trains_and_exports_with_its_val_images(tmp_path: Path)
     exported = run([torchrun_cmd(1)[0], "-m", "export", str(out / "last.pt"), "--formats", "onnx", "--no-bento"])
     assert exported.returncode == 0, exported.stderr
     manifest = read_manifest_unchecked(out / "last.export")
-    assert manifest["classes"] == meta["classes"]
+    assert manifest["labels"] == meta["classes"]
     assert str(root / "val") in manifest["parity"]["inputs_described"]
 
     missing = run([torchrun_cmd(1)[0], TRAIN, "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")])

@@ -28,9 +28,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from contract.preprocessing import Preprocessing, check_image_size
 from train.class_names import check_class_names
 from train.models import eval_defaults, is_timm
-from train.preprocessing import Preprocessing, check_image_size
 from train.presets import eval_transform, train_transform
 
 DEFAULT_IMAGE_SIZE = 32  # torchvision models, when --image-size is not given

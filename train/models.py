@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch.nn as nn
 import torchvision
 
-from train.preprocessing import IMAGENET_MEAN, IMAGENET_STD
+from contract.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
 TIMM_PREFIX = "timm/"
 TORCHVISION_CROP_PCT = 0.875  # torchvision's references: resize 256 for a 224 crop

@@ -1,6 +1,6 @@
 """The train and evaluation transforms, side by side.
 
-The evaluation transform is a contract: it is built from `Preprocessing` (train/preprocessing.py), which the
+The evaluation transform is a contract: it is built from `Preprocessing` (contract/preprocessing.py), which the
 checkpoint and the manifest carry, and serve reproduces it without torch, so a served model sees exactly
 what validation saw.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torchvision import transforms as T
 
-from train.preprocessing import Preprocessing
+from contract.preprocessing import Preprocessing
 
 _INTERPOLATIONS = {
     "nearest": T.InterpolationMode.NEAREST,

@@ -1,7 +1,7 @@
 """The batched peer: the image classifier BentoML's adaptive-batching guide leads a user to write.
 
 `@bentoml.api(batchable=True)` on an async endpoint taking a list of images: BentoML's dispatcher merges
-concurrent requests (each a list of one upload, field `image`) into one call. Preprocessing (train/pil_transform.py)
+concurrent requests (each a list of one upload, field `image`) into one call. Preprocessing (contract/pil_transform.py)
 and the ONNX Runtime session settings (serve/runtime.py) are the service's own, so what differs from ours is
 the serving design only: here images are decoded inside the batched call, one after another, before the model
 runs; ours decodes each request in its own thread before it joins a batch. Used by bench/serve_throughput.py.
@@ -19,9 +19,9 @@ import numpy as np
 from PIL.Image import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from export.manifest import read_manifest_unchecked  # noqa: E402
+from contract.manifest import read_manifest_unchecked  # noqa: E402
+from contract.pil_transform import Preprocessor  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
-from train.pil_transform import Preprocessor  # noqa: E402
 
 FOLDER = Path(os.environ["PEER_MODEL_DIR"])
 DEVICE = os.environ.get("PEER_DEVICE", "cpu")

@@ -1,5 +1,5 @@
 """The floor: the least a Python HTTP server costs here. A bare ASGI app (Starlette on uvicorn, one process), the
-same decoding (train/pil_transform.py, one decode per core at a time), the same batcher (serve/batching.py) and
+same decoding (contract/pil_transform.py, one decode per core at a time), the same batcher (serve/batching.py) and
 the same ONNX Runtime session settings as the service, and nothing else: no BentoML, no middleware, no limits,
 no metrics, no access log. Used by bench/serve_throughput.py as the side `peer_floor`.
 
@@ -32,11 +32,11 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.peer.model_process import ModelClient, SessionModel  # noqa: E402
-from export.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
+from contract.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
+from contract.pil_transform import Preprocessor  # noqa: E402
 from harness.server import ScriptServer  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
 from serve.decode_pool import DecodePool  # noqa: E402
-from train.pil_transform import Preprocessor  # noqa: E402
 
 
 def app(folder: Path, device: str, workers: int = 1, model_socket: str | None = None) -> Starlette:

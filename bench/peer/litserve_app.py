@@ -1,6 +1,6 @@
 """The LitServe peer's app (bench/peer/litserve_peer.py starts it): LitServe with its batching on, as its docs
 show (`LitAPI(max_batch_size=..., batch_timeout=...)` with `batch`/`unbatch`), the same decoding
-(train/pil_transform.py) and ONNX Runtime session settings as the service.
+(contract/pil_transform.py) and ONNX Runtime session settings as the service.
 
     PEER_MODEL_DIR=DIR PEER_DEVICE=cpu python bench/peer/litserve_app.py PORT   (litserve on PYTHONPATH)
 
@@ -22,9 +22,9 @@ import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from export.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
+from contract.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
+from contract.pil_transform import Preprocessor  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
-from train.pil_transform import Preprocessor  # noqa: E402
 
 FOLDER = Path(os.environ.get("PEER_MODEL_DIR", "."))
 DEVICE = os.environ.get("PEER_DEVICE", "cpu")

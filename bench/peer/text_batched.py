@@ -2,7 +2,7 @@
 
 `@bentoml.api(batchable=True)` on an async endpoint taking a list of texts: BentoML's dispatcher merges
 concurrent requests (each `{"texts": ["..."]}`) into one call, which tokenizes the batch and runs the model.
-The tokenizer (export/tokenizer_spec.py: the exported tokenizer.json, truncation, padding to the longest) and the
+The tokenizer (contract/tokenizer_spec.py: the exported tokenizer.json, truncation, padding to the longest) and the
 ONNX Runtime session settings (serve/runtime.py) are the service's own, so what differs from ours is the serving
 design only. Used by bench/text_serving.py.
 """
@@ -18,8 +18,8 @@ import bentoml
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from export.manifest import read_manifest_unchecked  # noqa: E402
-from export.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
+from contract.manifest import read_manifest_unchecked  # noqa: E402
+from contract.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
 
 FOLDER = Path(os.environ["PEER_MODEL_DIR"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import TRAIN, load, run, torchrun_cmd
 
-from export.manifest import sha256_file
+from contract.manifest import sha256_file
 
 pytestmark = pytest.mark.xdist_group("save_faults")  # its module fixtures stay on one worker
 

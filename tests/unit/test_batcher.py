@@ -9,8 +9,8 @@ from collections.abc import Callable
 import anyio
 import numpy as np
 import pytest
-from bentoml.exceptions import ServiceUnavailable
 
+from contract.errors import ClientError
 from serve.batching import ModelBatcher, ModelFailed
 
 BUSY_S = 0.3  # how long the first caller holds the event loop in the test of overlapping batches
@@ -64,8 +64,8 @@ def test_overload_is_refused_with_503_and_the_rest_answered():
             try:
                 out = await batcher(np.full((1, 1), float(i)))
                 outcomes.append("ok" if out[0, 0] == i + 1 else "wrong row")
-            except ServiceUnavailable as err:
-                outcomes.append(err.error_code.value)
+            except ClientError as err:
+                outcomes.append(err.status)
 
         for _ in range(3):
             async with anyio.create_task_group() as tasks:
@@ -372,5 +372,5 @@ def test_a_batcher_that_refuses_every_request_says_so_and_recovers(monkeypatch):
 async def _refusal_of(batcher: ModelBatcher, rows: np.ndarray, refused: list) -> None:
     try:
         await batcher(rows)
-    except ServiceUnavailable as err:
-        refused.append(err.error_code.value)
+    except ClientError as err:
+        refused.append(err.status)

@@ -12,8 +12,8 @@ from train.checkpoint import CheckpointConfig, Checkpointer, load
 
 
 def state(epoch: int) -> dict:
+    from contract.preprocessing import Preprocessing
     from train.checkpoint import EMBEDDED_DIGITS, FORMAT, make_meta
-    from train.preprocessing import Preprocessing
 
     meta = make_meta("resnet18", ["a", "b"], Preprocessing(crop=8, resize=8), 1, EMBEDDED_DIGITS)
     return {

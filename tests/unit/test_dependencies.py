@@ -15,7 +15,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARY = ("train", "export", "serve")
+LIBRARY = ("contract", "train", "export", "serve")
 
 
 def declared() -> dict[str, Requirement]:

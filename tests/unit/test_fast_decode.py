@@ -1,4 +1,4 @@
-"""Fast JPEG decoding (train/pil_transform.py): used only for JPEGs at least twice the resize target, never
+"""Fast JPEG decoding (contract/pil_transform.py): used only for JPEGs at least twice the resize target, never
 below it, and close to the exact path; everything else decodes exactly as before."""
 
 import io
@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_sample_images
 
-from train.pil_transform import Preprocessor
+from contract.pil_transform import Preprocessor
 
 SPEC = {
     "resize": 256,

@@ -6,7 +6,8 @@ import time
 import httpx
 import pytest
 
-from serve.form import MAX_PARTS, BadForm, read_form
+from contract.errors import ClientError
+from serve.form import MAX_PARTS, read_form
 
 FIELDS = {"image": "file", "top_k": "integer", "note": "text"}
 
@@ -32,7 +33,7 @@ def seconds(work, rounds: int = 5) -> float:
         started = time.perf_counter()
         try:
             work()
-        except BadForm:
+        except ClientError:
             pass
         best = min(best, time.perf_counter() - started)
     return best
@@ -51,7 +52,7 @@ def test_padding_and_boundary_lookalikes_cost_no_more_than_a_plain_file_of_their
     repeats = (
         f"--{boundary}\r\n".encode() + head + lookalike * (size // len(lookalike)) + f"\r\n--{boundary}--".encode()
     )
-    with pytest.raises(BadForm, match="followed by a line break"):
+    with pytest.raises(ClientError, match="followed by a line break"):
         read_form(content_type, padded, FIELDS)
     assert read_form(content_type, repeats, FIELDS)[0].startswith(lookalike)
     baseline = seconds(lambda: read_form(content_type, plain, FIELDS))
@@ -115,14 +116,14 @@ def part(name: bytes, value: bytes, extra: bytes = b"") -> bytes:
     ],
 )
 def test_each_broken_form_gets_its_own_reason(content_type, body, words):
-    with pytest.raises(BadForm, match=words):
+    with pytest.raises(ClientError, match=words):
         read_form(content_type, body, FIELDS)
 
 
 def test_unknown_and_repeated_fields_are_named():
     content_type, body = encoded(files=[("image", ("a", b"1")), ("image", ("b", b"2")), ("extra", ("c", b"3"))])
-    with pytest.raises(BadForm, match="unknown field.s. extra; expected image, top_k, note"):
+    with pytest.raises(ClientError, match="unknown field.s. extra; expected image, top_k, note"):
         read_form(content_type, body, FIELDS)
     content_type, body = encoded(files=[("image", ("a", b"1")), ("image", ("b", b"2"))])
-    with pytest.raises(BadForm, match="'image' is given 2 times"):
+    with pytest.raises(ClientError, match="'image' is given 2 times"):
         read_form(content_type, body, FIELDS)

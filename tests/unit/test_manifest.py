@@ -1,4 +1,4 @@
-"""What serve trusts: the manifest and the artifacts it lists (export/manifest.py, plain Python)."""
+"""What serve trusts: the manifest and the artifacts it lists (contract/manifest.py, plain Python)."""
 
 import hashlib
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from export.manifest import MANIFEST, MANIFEST_FORMAT, ManifestError, is_export_folder, read_artifact, read_manifest
+from contract.manifest import MANIFEST, MANIFEST_FORMAT, ManifestError, is_export_folder, read_artifact, read_manifest
 
 
 def make_export(folder: Path, status: str = "passed") -> dict:

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from tritonclient.http import _utils as triton_utils
 
 from serve.oip_codec import (
+    ClientError,
     InferRequest,
     OutputTensor,
-    ProtocolError,
     classification_strings,
     encode_infer_response,
     parse_infer_request,
@@ -142,7 +142,7 @@ def _fp32(shape: list[int], size: int | None = None, data=None) -> dict:
     ],
 )
 def test_hostile_bodies_are_refused_with_the_reason(call, words):
-    with pytest.raises(ProtocolError) as err:
+    with pytest.raises(ClientError) as err:
         call()
     assert words in str(err.value) and err.value.status == 400
 
@@ -157,7 +157,7 @@ def test_fp64_input_is_taken_as_sent_for_the_service_to_convert():
 def test_no_body_raises_anything_but_a_protocol_error(body, header):
     try:
         parse_infer_request(body, header)
-    except ProtocolError:
+    except ClientError:
         pass
 
 
@@ -168,7 +168,7 @@ def test_mutated_binary_bytes_tensors_are_refused_or_exact(lengths, tail):
     entry = {"name": "i", "datatype": "BYTES", "shape": [len(lengths)], "parameters": {"binary_data_size": len(binary)}}
     try:
         request = _infer([entry], binary)
-    except ProtocolError:
+    except ClientError:
         return
     assert sum(4 + len(e) for e in request.inputs["i"].value) == len(binary)
 
@@ -204,7 +204,7 @@ def test_a_bytes_tensor_too_large_for_one_request_is_refused_by_its_shape():
                 ]
             }
         ).encode()
-        with pytest.raises(ProtocolError, match=words):
+        with pytest.raises(ClientError, match=words):
             parse_infer_request(document + binary, str(len(document)).encode(), max_rows=32)
     rows = parse_infer_request(*tritonclient_body([_bytes_input(32)]), max_rows=32)
     assert len(rows.inputs["image"].value) == 32

@@ -1,5 +1,5 @@
 """A text classifier's serving pieces in process: padding to the longest text, the batch's token bound, and the
-bodies /classify and the protocol take (serve/text.py, export/tokenizer_spec.py)."""
+bodies /classify and the protocol take (serve/text.py, contract/tokenizer_spec.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from export.tokenizer_spec import TokenizerSettings, pad_to_longest
+from contract.errors import ClientError
+from contract.tokenizer_spec import TokenizerSettings, pad_to_longest
 from serve.batching import ModelBatcher
-from serve.text import BadText, PaddedSequences, texts_of_body, texts_of_elements
+from serve.tasks.text_classification import PaddedSequences, texts_of_body, texts_of_elements
 
 SETTINGS = TokenizerSettings("tokenizer.json", 8, 0, "[PAD]", "right", ("input_ids", "attention_mask"))
 
@@ -80,13 +81,13 @@ def test_a_batch_of_far_apart_lengths_runs_as_calls_of_like_lengths():
     ],
 )
 def test_a_bad_body_is_refused_with_what_is_wrong(body, kind, error):
-    with pytest.raises(BadText, match=error) as refused:
+    with pytest.raises(ClientError, match=error) as refused:
         texts_of_body(body, kind, 100)
     assert refused.value.status == 400
 
 
 def test_a_long_text_is_413_and_good_ones_pass():
-    with pytest.raises(BadText) as refused:
+    with pytest.raises(ClientError) as refused:
         texts_of_body(b"x" * 101, "text/plain", 100)
     assert refused.value.status == 413
     assert texts_of_body(b'{"text": "caf\\u00e9", "top_k": 2}', "application/json", 100) == (
@@ -94,7 +95,7 @@ def test_a_long_text_is_413_and_good_ones_pass():
         {"top_k": 2},
     )
     assert texts_of_elements(["naïve".encode(), b"ok"], 100) == ["naïve", "ok"]
-    with pytest.raises(BadText, match=r"text\[1\] is not valid UTF-8"):
+    with pytest.raises(ClientError, match=r"text\[1\] is not valid UTF-8"):
         texts_of_elements([b"ok", b"\xff"], 100)
 
 
@@ -105,7 +106,7 @@ def test_a_long_text_is_tokenized_only_as_far_as_the_model_reads_and_gives_the_s
     are exactly the whole text's, the truncated flag included."""
     from tokenizers import Tokenizer
 
-    from export.tokenizer_spec import CHARS_PER_TOKEN, TextTokenizer
+    from contract.tokenizer_spec import CHARS_PER_TOKEN, TextTokenizer
     from harness.tiny_text import wordpiece_tokenizer
 
     words = ["the film was superb", "our trip was dull and slow", "a joy to watch"]

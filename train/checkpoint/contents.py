@@ -14,8 +14,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from contract.preprocessing import Preprocessing
 from train.checkpoint.errors import CheckpointError
-from train.preprocessing import Preprocessing
 
 FORMAT = "handoff.checkpoint/1"
 EMBEDDED_DIGITS = "embedded:digits"

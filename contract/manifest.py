@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from export.signature import TASK_IMAGE_CLASSIFICATION, TASK_TENSORS, Signature, classifier_signature
+from contract.signature import TASK_IMAGE_CLASSIFICATION, TASK_TENSORS, Signature, classifier_signature
 
 MANIFEST_FORMAT = "handoff.manifest/1"
 MANIFEST = "manifest.json"
@@ -22,7 +22,7 @@ PT2, AOTI, ONNX_INT8 = "model.pt2", "model.aoti.pt2", "model.int8.onnx"
 FORMATS = {"onnx": ONNX, "pt2": PT2, "aoti": AOTI, "torchscript": TORCHSCRIPT, "safetensors": SAFETENSORS}
 DEFAULT_FORMATS = ("onnx", "pt2", "torchscript", "safetensors")  # aoti is opt-in: it compiles C++ (~30 s)
 # The manifest fields the ONNX file carries too (its metadata_props), so it describes itself alone.
-EMBEDDED_FIELDS = ("format", "task", "signature", "arch", "num_classes", "classes", "input", "preprocess")
+EMBEDDED_FIELDS = ("format", "task", "signature", "arch", "num_classes", "labels", "input", "preprocess")
 
 
 class ManifestError(Exception):
@@ -58,7 +58,7 @@ def new_manifest(
         "signature": classifier_signature(input_shape, len(classes), dtype).to_dict(),
         "arch": arch,
         "num_classes": len(classes),
-        "classes": classes,
+        "labels": classes,
         "input": {
             "shape": input_shape,
             "dtype": dtype,
@@ -83,6 +83,13 @@ def new_tensor_manifest(
         **origin,  # `source` and `provenance` (export/job.py)
         "timings": timings,
     }
+
+
+def labels_of(manifest: dict[str, Any]) -> list[str] | None:
+    """The model's class names, index by index: `labels` in every manifest (an image classifier's said `classes`
+    before, and is still read); None for a model without classes."""
+    labels = manifest.get("labels", manifest.get("classes"))
+    return None if labels is None else list(labels)
 
 
 def embedded_fields(manifest: dict[str, Any]) -> dict[str, str]:

@@ -28,35 +28,81 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from serve.detection import OneImageEach
-from train.pil_transform import BadImage, Preprocessor
+from contract.errors import ClientError
+from contract.manifest import labels_of
+from contract.pil_transform import Preprocessor
+from contract.signature import TASK_SEMANTIC_SEGMENTATION
+from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.oip import IMAGE_INPUT, ServedTensor, select_outputs
+from serve.oip_codec import InferRequest, OutputTensor
+from serve.tasks.base import ServedTask, Serving, only_params
+from serve.tasks.images import OneImageEach, each_image
 
 SEGMENT_FORMATS = ("png", "json")
 MODEL_PHOTOS = 4  # an image's pixels at the model's size, in 4:3 photos resized to its shorter side
 
 
-class Segmenter:
+SUMMARY = {
+    "type": "object",
+    "properties": {
+        "width": {"type": "integer"},
+        "height": {"type": "integer"},
+        "classes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"label": {"type": "string"}, "index": {"type": "integer"}, "share": {"type": "number"}},
+            },
+        },
+    },
+}
+
+
+class SemanticSegmentation(ServedTask):
     """A segmenter's labels, resize and decoding, from its manifest."""
 
-    def __init__(self, manifest: dict[str, Any], max_pixels: int) -> None:
-        self.labels: list[str] = manifest["labels"]
-        settings = manifest["segmentation"]
+    name = TASK_SEMANTIC_SEGMENTATION
+    routes = ("/segment",)
+    runs_alone = True
+
+    def __init__(self, serving: Serving) -> None:
+        super().__init__(serving)
+        self.labels: list[str] = labels_of(self.manifest) or []
+        self.settings = self.manifest["segmentation"]
         self.batch_shape = OneImageEach()
-        self.decoder = Preprocessor(
-            settings["resize"], settings["resize"], np.zeros(3), np.ones(3), settings["interpolation"], max_pixels
-        )
+        resize = self.settings["resize"]
+        interpolation = self.settings["interpolation"]
+        self.decoder = Preprocessor(resize, resize, np.zeros(3), np.ones(3), interpolation, self.config.max_pixels)
+
+    def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """In the model thread: each pixel's best class (N x H x W), not the logits, goes back to the loop."""
+        return {"classes": self.serving.runtime.run_named(rows)["logits"].argmax(axis=1).astype(np.int32)}
+
+    async def answer(self, route: str, request: Incoming) -> Answer:
+        """/segment: one image's mask as a PNG (`?format=png`, the default), or the classes it holds (`json`)."""
+        params = request.params | request.query  # a form's request has both
+        only_params(params, {"format"})
+        form = params.get("format", ["png"])[-1]
+        if form not in SEGMENT_FORMATS:
+            raise ClientError(f"format={form[:20]}: must be {' or '.join(SEGMENT_FORMATS)}")
+        rows, size = await self.serving.decoders.run(self.prepare, request.body)
+        outputs = await self.serving.batched(rows)
+        # the mask resized to the upload's size and encoded, in a decoding thread: megabytes, never on the event loop
+        if form == "json":
+            return Answer(await self.serving.decoders.run(lambda: self.summary(self.mask(outputs, size))))
+        return Answer(await self.serving.decoders.run(lambda: self.png(self.mask(outputs, size))), "image/png")
 
     @property
     def max_model_pixels(self) -> int:
         return MODEL_PHOTOS * self.decoder.resize * (self.decoder.resize * 4 // 3)
 
     def prepare(self, upload: bytes) -> tuple[dict[str, np.ndarray], tuple[int, int]]:
-        """An upload as the graph's input, and its own (width, height); BadImage for one it cannot take."""
+        """An upload as the graph's input, and its own (width, height); ClientError for one it cannot take."""
         image = self.decoder.decode(upload).convert("RGB")
         size = image.size
         width, height = self.decoder.resized_size(*size)
         if width * height > self.max_model_pixels:
-            raise BadImage(
+            raise ClientError(
                 f"image is {size[0]}x{size[1]}: at the model's size, {width}x{height}, it would cost "
                 f"{width * height / (self.max_model_pixels / MODEL_PHOTOS):.0f} photos' worth of the model; at most "
                 f"{MODEL_PHOTOS} (send a crop, or the image in parts)",
@@ -65,11 +111,6 @@ class Segmenter:
         resized = image.resize((width, height), Image.Resampling.BILINEAR)
         pixels = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1)[None] / np.float32(255.0)
         return {"image": np.ascontiguousarray(pixels)}, size
-
-    @staticmethod
-    def classes(logits: np.ndarray) -> dict[str, np.ndarray]:
-        """In the model thread: each pixel's best class (N x H x W), not the logits, goes back to the loop."""
-        return {"classes": logits.argmax(axis=1).astype(np.int32)}
 
     def mask(self, outputs: dict[str, np.ndarray], size: tuple[int, int]) -> np.ndarray:
         """One image's classes at its uploaded (width, height), H x W."""
@@ -98,11 +139,11 @@ class Segmenter:
 
     @staticmethod
     def check_answer(sizes: list[tuple[int, int]], max_numbers: int) -> None:
-        """BadImage (413) when N masks of these (width, height)s, padded to the largest height and width, would
+        """ClientError (413) when N masks of these (width, height)s, padded to the largest height and width, would
         hold more numbers than one response may carry: said before the model runs."""
         numbers = len(sizes) * max(h for _, h in sizes) * max(w for w, _ in sizes)
         if numbers > max_numbers:
-            raise BadImage(
+            raise ClientError(
                 f"the answer would hold {numbers} numbers ({len(sizes)} mask(s) padded to the largest height and "
                 f"width), more than the {max_numbers} one response may carry (HANDOFF_MAX_BODY_MB x 65,536); send "
                 "the images one at a time, or to /segment, which answers each as a PNG",
@@ -117,3 +158,25 @@ class Segmenter:
         for i, mask in enumerate(masks):
             classes[i, : mask.shape[0], : mask.shape[1]] = mask
         return {"classes": classes}
+
+    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
+        """Encoded images in, each pixel's class out."""
+        return [ServedTensor(IMAGE_INPUT, "BYTES", (-1, 1))], [ServedTensor("classes", "INT32", (-1, -1, -1))]
+
+    async def infer(self, request: InferRequest) -> list[OutputTensor]:
+        async def prepare(data: bytes) -> tuple[dict[str, np.ndarray], tuple[int, int]]:
+            return await self.serving.decoders.run(self.prepare, data)
+
+        def check(sizes: list[tuple[int, int]]) -> None:  # the answer's size is known now: refused before the model
+            self.check_answer(sizes, self.config.max_answer_numbers)
+
+        answers, sizes = await each_image(request, self.config.max_batch_size, prepare, self.serving.batched, check)
+        # masks resized and padded in a decoding thread: megabytes, never on the event loop
+        outputs = await self.serving.decoders.run(self.protocol_outputs, answers, sizes)
+        return select_outputs(request, outputs, None)
+
+    def info(self) -> dict[str, Any]:
+        return super().info() | {"labels": self.labels, "segmentation": self.settings}
+
+    def schemas(self) -> dict[str, RouteSchema]:
+        return {"/segment": RouteSchema(answer=("image/png", {"type": "string", "format": "binary"}))}

@@ -29,7 +29,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from train.pil_transform import Preprocessor
+from contract.manifest import labels_of
+from contract.pil_transform import Preprocessor
+from contract.signature import TASK_OBJECT_DETECTION
+from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.oip import IMAGE_INPUT, ServedTensor, select_outputs
+from serve.oip_codec import InferRequest, OutputTensor
+from serve.tasks.base import ServedTask, Serving, only_params
+from serve.tasks.images import OneImageEach, each_image
 
 DETECTION_OUTPUTS = ("num_detections", "detection_boxes", "detection_scores", "detection_classes")
 SMALL_ENOUGH = 2  # an upload of up to twice the model's input pixels goes to the graph as it is
@@ -65,33 +72,41 @@ def resize_like_torch(pixels: np.ndarray, height: int, width: int) -> np.ndarray
     return out
 
 
-class OneImageEach:
-    """serve/batching.py's batch shape for images of their own sizes: any share a batch, each runs alone."""
+DETECTIONS = {
+    "type": "object",
+    "properties": {
+        "detections": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "label": {"type": "string"},
+                    "index": {"type": "integer"},
+                    "score": {"type": "number"},
+                    "box": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4},
+                },
+            },
+        }
+    },
+    "required": ["detections"],
+}
 
-    def key(self, rows: Any) -> tuple:
-        return ()
 
-    def join(self, parts: list[Any]) -> Any:
-        (only,) = parts
-        return only
-
-    def fits(self, parts: list[Any], more: Any) -> bool:
-        return True
-
-    def groups(self, parts: list[Any]) -> list[list[int]]:
-        return [[i] for i in range(len(parts))]
-
-
-class Detector:
+class ObjectDetection(ServedTask):
     """A detector's labels, settings and decoding, from its manifest."""
 
-    def __init__(self, manifest: dict[str, Any], max_pixels: int) -> None:
-        self.labels: list[str] = manifest["labels"]
-        self.settings: dict[str, Any] = manifest["detection"]
+    name = TASK_OBJECT_DETECTION
+    routes = ("/detect",)
+    runs_alone = True
+
+    def __init__(self, serving: Serving) -> None:
+        super().__init__(serving)
+        self.labels: list[str] = labels_of(self.manifest) or []
+        self.settings: dict[str, Any] = self.manifest["detection"]
         self.batch_shape = OneImageEach()
         # /classify's decoding and checks; `resize` is the model's own shorter side, for the size checks
         shortest = min(self.settings["min_size"])
-        self.decoder = Preprocessor(shortest, shortest, np.zeros(3), np.ones(3), "bilinear", max_pixels)
+        self.decoder = Preprocessor(shortest, shortest, np.zeros(3), np.ones(3), "bilinear", self.config.max_pixels)
 
     def model_size(self, height: int, width: int) -> tuple[int, int]:
         """The (height, width) the graph resizes an image to, as torchvision computes it in eager mode."""
@@ -103,7 +118,7 @@ class Detector:
         return math.floor(height * scale), math.floor(width * scale)
 
     def prepare(self, upload: bytes) -> tuple[dict[str, np.ndarray], tuple[float, float]]:
-        """An upload as the graph's input, and how its boxes scale back to the upload's pixels (x, y); BadImage for
+        """An upload as the graph's input, and how its boxes scale back to the upload's pixels (x, y); ClientError for
         one it cannot take."""
         image: Image.Image = self.decoder.decode(upload).convert("RGB")
         width, height = image.size
@@ -116,7 +131,13 @@ class Detector:
         pixels = resize_like_torch(np.asarray(image), *target)
         return {"image": pixels[None]}, (width / target[1], height / target[0])
 
-    def answer(self, outputs: dict[str, np.ndarray], scale: tuple[float, float] = (1.0, 1.0)) -> dict[str, Any]:
+    async def answer(self, route: str, request: Incoming) -> Answer:
+        """/detect: one image, the multipart form's file or a raw body's bytes."""
+        only_params(request.params, set())
+        rows, scale = await self.serving.decoders.run(self.prepare, request.body)
+        return Answer(self.detections(await self.serving.batched(rows), scale))
+
+    def detections(self, outputs: dict[str, np.ndarray], scale: tuple[float, float] = (1.0, 1.0)) -> dict[str, Any]:
         """/detect's answer for one image's outputs (1 x D each), best first, boxes in the upload's pixels."""
         scores = outputs["scores"][0]
         order = np.argsort(-scores, kind="stable")
@@ -145,3 +166,26 @@ class Detector:
             scores[i, : len(order)] = outputs["scores"][0][order]
             classes[i, : len(order)] = outputs["labels"][0][order]
         return dict(zip(DETECTION_OUTPUTS, (count, boxes, scores, classes), strict=True))
+
+    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
+        """Encoded images in, Triton's detection layout out."""
+        outputs = [
+            ServedTensor("num_detections", "INT32", (-1,)),
+            ServedTensor("detection_boxes", "FP32", (-1, -1, 4)),
+            ServedTensor("detection_scores", "FP32", (-1, -1)),
+            ServedTensor("detection_classes", "INT64", (-1, -1)),
+        ]
+        return [ServedTensor(IMAGE_INPUT, "BYTES", (-1, 1))], outputs
+
+    async def infer(self, request: InferRequest) -> list[OutputTensor]:
+        async def prepare(data: bytes) -> tuple[dict[str, np.ndarray], tuple[float, float]]:
+            return await self.serving.decoders.run(self.prepare, data)
+
+        answers, scales = await each_image(request, self.config.max_batch_size, prepare, self.serving.batched)
+        return select_outputs(request, self.protocol_outputs(answers, scales), None)
+
+    def info(self) -> dict[str, Any]:
+        return super().info() | {"labels": self.labels, "detection": self.settings}
+
+    def schemas(self) -> dict[str, RouteSchema]:
+        return {"/detect": RouteSchema(answer=("application/json", DETECTIONS))}

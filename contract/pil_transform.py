@@ -3,7 +3,7 @@
 Resize(shorter side) -> CenterCrop -> ToTensor -> Normalize, computed the way torchvision computes it on
 a PIL image, so a served model sees what validation saw (tests compare the two on the same images).
 No torch here: the service decodes every upload with it, and export measures its fast JPEG path
-(export/decode_check.py), so it lives beside train/preprocessing.py, the description it implements.
+(export/decode_check.py), so it lives beside contract/preprocessing.py, the description it implements.
 
 Fast decoding (`decode(..., fast=True)`): a JPEG at least twice the resize target on its shorter side is
 decoded at 1/2, 1/4 or 1/8 of its size by Pillow's draft mode (the JPEG's own DCT scaling), never below the
@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from train.preprocessing import Preprocessing
+from contract.errors import ClientError
+from contract.preprocessing import Preprocessing
 
 # MPO: a JPEG with a multi-picture segment (many phone and stereo-camera photos); frame 0 is the primary image.
 ACCEPTED_FORMATS = {"JPEG", "MPO", "PNG", "WEBP", "BMP", "GIF"}
@@ -59,14 +60,6 @@ _RESAMPLE = {
 }
 
 
-class BadImage(ValueError):
-    """The upload cannot be used; `status` is the HTTP status that says why."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 @dataclass(frozen=True)
 class Preprocessor:
     resize: int
@@ -92,7 +85,7 @@ class Preprocessor:
         """Open, check and normalise an upload to an 8-bit RGB image, upright per its EXIF orientation; `fast`:
         a large JPEG is decoded at a reduced scale (see the module's docstring)."""
         if not data:
-            raise BadImage("the image is empty (0 bytes)")
+            raise ClientError("the image is empty (0 bytes)")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -100,23 +93,23 @@ class Preprocessor:
         except UnidentifiedImageError:
             other = next((name for magic, name in OTHER_FORMATS.items() if data.startswith(magic)), None)
             if other is not None or data[4:8] == b"ftyp":  # HEIC, AVIF: an ISO media file
-                raise BadImage(
+                raise ClientError(
                     f"unsupported image format {other or 'HEIC/AVIF'}; send JPEG, PNG, WebP, BMP or GIF", status=415
                 ) from None
-            raise BadImage("not an image PIL can identify (expected JPEG, PNG, WebP, BMP or GIF)") from None
+            raise ClientError("not an image PIL can identify (expected JPEG, PNG, WebP, BMP or GIF)") from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-            raise BadImage("image dimensions exceed the pixel limit", status=413) from None
+            raise ClientError("image dimensions exceed the pixel limit", status=413) from None
         except (OSError, SyntaxError, ValueError) as err:
-            raise BadImage(f"the image data is damaged or truncated ({err})") from None
+            raise ClientError(f"the image data is damaged or truncated ({err})") from None
         if image.format not in ACCEPTED_FORMATS:
-            raise BadImage(f"unsupported image format {image.format}; send JPEG, PNG, WebP, BMP or GIF", status=415)
+            raise ClientError(f"unsupported image format {image.format}; send JPEG, PNG, WebP, BMP or GIF", status=415)
         width, height = image.size
         if width * height > self.max_pixels:  # checked before any pixel is decoded
-            raise BadImage(
+            raise ClientError(
                 f"image is {width}x{height} = {width * height} pixels, above the limit of {self.max_pixels}", status=413
             )
         if getattr(image, "is_animated", False) and width * height > self.max_pixels // ANIMATED_PIXEL_SHARE:
-            raise BadImage(
+            raise ClientError(
                 f"the animated image is {width}x{height} = {width * height} pixels, above the limit of "
                 f"{self.max_pixels // ANIMATED_PIXEL_SHARE} for an animation (1/{ANIMATED_PIXEL_SHARE} of a still's)",
                 status=413,
@@ -131,7 +124,7 @@ class Preprocessor:
             image.load()
             return _to_8_bit(ImageOps.exif_transpose(image))
         except (OSError, SyntaxError, ValueError) as err:
-            raise BadImage(f"the image data is damaged or truncated ({err})") from None
+            raise ClientError(f"the image data is damaged or truncated ({err})") from None
 
     def _draft(self, image: Image.Image) -> None:
         """Ask the JPEG decoder for the smallest DCT scale whose shorter side still reaches `resize` (Pillow picks
@@ -142,16 +135,16 @@ class Preprocessor:
             image.draft(image.mode, (math.ceil(width * self.resize / short), math.ceil(height * self.resize / short)))
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
-        """The size the resize gives (shorter side -> `resize`, as torchvision computes it); BadImage (413) for an
+        """The size the resize gives (shorter side -> `resize`, as torchvision computes it); ClientError (413) for an
         image so elongated that the result would pass the pixel limit or MAX_ASPECT_RATIO."""
         short, long = (width, height) if width <= height else (height, width)
         if short < 1 or long > MAX_ASPECT_RATIO * short:
-            raise BadImage(
+            raise ClientError(
                 f"image is {width}x{height}, more than {MAX_ASPECT_RATIO} times longer than it is wide", status=413
             )
         new_short, new_long = self.resize, int(self.resize * long / short)
         if new_short * new_long > self.max_pixels:
-            raise BadImage(
+            raise ClientError(
                 f"image is {width}x{height}: resized to {new_short} on its shorter side it would be "
                 f"{new_short * new_long} pixels, above the limit of {self.max_pixels}",
                 status=413,
@@ -175,7 +168,7 @@ def _check_scans(data: bytes) -> None:
     scans from above (a byte pair in an EXIF or ICC segment may add to the count, never take from it)."""
     scans = data.count(b"\xff\xda")
     if scans > MAX_JPEG_SCANS:
-        raise BadImage(f"the JPEG has {scans} scans, more than the {MAX_JPEG_SCANS} a photo needs", status=413)
+        raise ClientError(f"the JPEG has {scans} scans, more than the {MAX_JPEG_SCANS} a photo needs", status=413)
 
 
 def _to_8_bit(image: Image.Image) -> Image.Image:

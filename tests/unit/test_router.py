@@ -1,32 +1,38 @@
-"""The front door (serve/front_door.py) in process, with httpx's ASGI transport in front of tiny handlers."""
+"""The one router (serve/router.py) and the front door's checks (serve/front_door.py) in process, with httpx's ASGI
+transport in front of tiny handlers."""
 
 import anyio
 import httpx
 import pytest
 
+from contract.errors import ClientError
+from serve.endpoint import BENTOML, HANDOFF, Answer, Endpoint, route_matcher
 from serve.form import small_integer
 from serve.front_door import MULTIPART, BodyRoute, FrontDoor, Slots
+from serve.router import Router
 
 FIELDS = {"image": "file", "top_k": "integer"}
 
 
-async def count_body(scope, body, params, send):
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": str(len(body)).encode()})
+async def count_body(request):
+    return Answer(str(len(request.body)).encode(), "text/plain")
 
 
 async def never_called(scope, receive, send):
     raise AssertionError("a route's bodies must not reach the app")
 
 
+def router(handler, media_types=frozenset({MULTIPART}), app=never_called, max_concurrency=4, body_timeout_s=5):
+    table = [
+        Endpoint("POST", "/classify", "", HANDOFF, handler, BodyRoute(media_types, FIELDS)),
+        Endpoint("GET", "/info", "", HANDOFF, handler),
+        Endpoint("GET", "/livez", "", BENTOML),
+    ]
+    return Router(app, route_matcher(table, "m"), FrontDoor(1000, max_concurrency, body_timeout_s))
+
+
 def make_client(max_concurrency: int = 4, body_timeout_s: float = 5, handler=count_body, app=never_called):
-    door = FrontDoor(
-        app,
-        max_bytes=1000,
-        routes={"/classify": BodyRoute(frozenset({MULTIPART}), handler, FIELDS)},
-        max_concurrency=max_concurrency,
-        body_timeout_s=body_timeout_s,
-    )
+    door = router(handler, app=app, max_concurrency=max_concurrency, body_timeout_s=body_timeout_s)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=door), base_url="http://t")
 
 
@@ -58,10 +64,9 @@ def test_each_check(kwargs, status, words):
 def test_requests_over_the_limit_get_429_while_others_are_served():
     release = anyio.Event()
 
-    async def slow(scope, body, params, send):
+    async def slow(request):
         await release.wait()
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
+        return Answer(b"ok", "text/plain")
 
     async def go():
         statuses = []
@@ -84,19 +89,12 @@ def test_an_image_route_gets_the_file_and_its_parameters_from_either_body():
     """Form and raw body reach the route's own handler alike: the image's bytes and its parameters."""
     seen = []
 
-    async def handler(scope, image, params, send):
-        seen.append((image, params))
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
+    async def handler(request):
+        seen.append((request.body, request.params))
+        return Answer(b"ok", "text/plain")
 
     async def go():
-        door = FrontDoor(
-            never_called,
-            max_bytes=1000,
-            routes={"/classify": BodyRoute(frozenset({MULTIPART, "image/png"}), handler, FIELDS)},
-            max_concurrency=4,
-            body_timeout_s=5,
-        )
+        door = router(handler, frozenset({MULTIPART, "image/png"}))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=door), base_url="http://t") as client:
             form = await client.post("/classify", files={"image": ("a.png", b"PNGDATA")}, data={"top_k": "3"})
             raw = await client.post("/classify?top_k=2", content=b"RAW", headers={"content-type": "image/png"})
@@ -108,7 +106,7 @@ def test_an_image_route_gets_the_file_and_its_parameters_from_either_body():
 
 
 def test_a_post_to_a_path_without_a_body_route_is_never_read():
-    """POST /livez (or /, or a typo) goes to the app with its body unread: it holds no reading slot and no
+    """POST /livez (or /, or a typo) is answered 404 with its body unread: it holds no reading slot and no
     memory, whoever sends it. Here every reading slot is taken by stalled uploads meanwhile."""
     reads = []
 
@@ -121,8 +119,8 @@ def test_a_post_to_a_path_without_a_body_route_is_never_read():
         return {"type": "http.request", "body": b"x", "more_body": True}
 
     async def go():
-        door = FrontDoor(app, max_bytes=1000, routes={}, max_concurrency=1, body_timeout_s=5)
-        door.reading = Slots(0)  # every reading slot taken
+        door = router(count_body, app=app, max_concurrency=1)
+        door.front_door.reading = Slots(0)  # every reading slot taken
         sent = []
 
         async def send(message):
@@ -132,7 +130,7 @@ def test_a_post_to_a_path_without_a_body_route_is_never_read():
         await door(scope, counting_receive, send)
         return sent[0]["status"]
 
-    assert anyio.run(go) == 405 and reads == []
+    assert anyio.run(go) == 404 and reads == []
 
 
 def test_both_framings_are_refused_and_the_connection_closed():
@@ -148,7 +146,7 @@ def test_both_framings_are_refused_and_the_connection_closed():
 
 
 def test_an_unexpected_error_is_a_500_at_once_with_the_cause_logged(caplog):
-    async def broken(scope, body, params, send):
+    async def broken(request):
         int("²")  # str.isdigit() says yes; int() says no
 
     async def go():
@@ -159,6 +157,28 @@ def test_an_unexpected_error_is_a_500_at_once_with_the_cause_logged(caplog):
         response = anyio.run(go)
     assert response.status_code == 500 and "log" in response.json()["error"]
     assert "unexpected error" in caplog.text and "ValueError" in caplog.text
+
+
+def test_a_client_error_is_answered_in_one_place_and_bentomls_rows_go_to_bentoml():
+    """A handler raises the one client error wherever the request is found wrong; the router answers it."""
+    bentoml_saw = []
+
+    async def refuse(request):
+        raise ClientError("no such thing here", 422)
+
+    async def app(scope, receive, send):
+        bentoml_saw.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"live"})
+
+    async def go():
+        async with make_client(handler=refuse, app=app) as client:
+            return await client.get("/info"), await client.get("/livez"), await client.get("/nothing")
+
+    info, live, nothing = anyio.run(go)
+    assert info.status_code == 422 and info.json() == {"error": "no such thing here"}
+    assert live.text == "live" and bentoml_saw == ["/livez"]
+    assert nothing.status_code == 404 and "docs.json" in nothing.json()["error"]
 
 
 @pytest.mark.parametrize(

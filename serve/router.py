@@ -1,0 +1,110 @@
+"""The one router: every request, GET or POST, is matched against the route table (serve/routes.py) here and
+answered by its row's handler; only BentoML's own rows (its probes) go on to BentoML, and a path the table does
+not hold is a JSON 404. It is the innermost of handoff's middlewares, so the access log, the metrics and the
+API-key gate have seen the request first.
+
+For a row that takes a body, the front door (serve/front_door.py) reads and bounds it first and the request then
+holds a processing slot while it is answered. A handler answers with an `Answer`, or raises the one client error
+(contract/errors.py), which becomes `{"error": ...}` with its status here and nowhere else, logged as one line.
+A request framed two ways (Transfer-Encoding and Content-Length) is refused and its connection closed (RFC 9112
+6.1), and a handler's unexpected exception becomes a logged 500 at once instead of a response that never starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from contract.errors import ClientError
+from serve.endpoint import Answer, Endpoint, Incoming
+from serve.front_door import FrontDoor, Receive, Scope, Send, json_error, send_json
+from serve.logs import CLIENT_ERROR, client_error_args, printable
+
+log = logging.getLogger("bentoml.handoff")
+Match = Callable[[str, str], tuple[Endpoint, dict[str, str]] | None]
+
+
+class Router:
+    def __init__(self, app: Callable[..., Awaitable[None]], match: Match, front_door: FrontDoor) -> None:
+        self.app = app
+        self.match = match
+        self.front_door = front_door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # no route takes one: closed before it is accepted (HTTP 403)
+            return await send({"type": "websocket.close", "code": 1008})
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        names = {name for name, _ in scope.get("headers") or []}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            # Two framings: a proxy in front may read the body one way and the server another (smuggling). llhttp
+            # refuses such a request before it gets here; h11, uvicorn's other parser, does not.
+            return await json_error(
+                send, 400, "the request has both Transfer-Encoding and Content-Length; send one", close=True
+            )
+        found = self.match(scope["method"], scope["path"])
+        if found is None:  # never reading a body it would not take
+            path = printable(scope["path"][:200])
+            return await json_error(send, 404, f"no route {scope['method']} {path}: GET /docs.json lists them")
+        if found[0].handler is None:  # BentoML's own probes
+            return await _guarded(scope, send, lambda tracked: self.app(scope, receive, tracked))
+        endpoint, path_params = found
+        if endpoint.body is None:
+            incoming = Incoming(scope, params=Incoming(scope).query, path_params=path_params)
+            return await _guarded(scope, send, lambda tracked: _respond(endpoint, incoming, tracked))
+        read = await self.front_door.read(scope, endpoint.body, receive, send)
+        if read is None:
+            return  # answered by the front door, or the client left
+        if not self.front_door.processing.free:
+            return await json_error(send, 429, "too many requests in progress; retry with backoff")
+        incoming = Incoming(scope, *read, path_params=path_params)
+        with self.front_door.processing:
+            await _guarded(scope, send, lambda tracked: _respond(endpoint, incoming, tracked))
+
+
+async def _respond(endpoint: Endpoint, incoming: Incoming, send: Send) -> None:
+    assert endpoint.handler is not None
+    try:
+        answer = await endpoint.handler(incoming)
+    except ClientError as err:
+        return await send_client_error(incoming.scope, send, err)
+    await send_answer(send, answer)
+
+
+async def send_answer(send: Send, answer: Answer) -> None:
+    if answer.media_type == "application/json":
+        return await send_json(send, answer.status, answer.body)
+    body = answer.body if isinstance(answer.body, bytes) else b""
+    headers = list(answer.headers)
+    if answer.media_type is not None:
+        headers.append((b"content-type", answer.media_type.encode()))
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_client_error(scope: Scope, send: Send, error: ClientError) -> None:
+    """`{"error": ...}` with the error's status, logged as one line (INFO for a 4xx, WARNING for a 5xx): a client's
+    mistake is never a traceback."""
+    line = client_error_args(scope["method"], scope["path"], error.status, error)
+    (log.info if error.status < 500 else log.warning)(CLIENT_ERROR, *line)
+    await send_json(send, error.status, {"error": str(error)})
+
+
+async def _guarded(scope: Scope, send: Send, respond: Callable[[Send], Awaitable[Any]]) -> None:
+    """`respond(send)`; an exception it lets escape is logged with its traceback and answered 500 at once (left
+    alone, BentoML's timeout middleware would wait out HANDOFF_TIMEOUT_S and answer a bare 500)."""
+    started = False
+
+    async def tracking_send(message: dict[str, Any]) -> None:
+        nonlocal started
+        started = True
+        await send(message)
+
+    try:
+        await respond(tracking_send)
+    except Exception:  # noqa: BLE001 - whatever it is, the client gets an answer and the log the cause
+        log.exception("%s %s: unexpected error", scope.get("method"), printable(str(scope.get("path"))))
+        if not started:
+            await json_error(send, 500, "internal error: the server's log has the cause")

@@ -1,0 +1,184 @@
+"""What every served task implements, and what it is given.
+
+A task turns requests into the model's rows and the model's outputs into answers, in the spirit of LitServe's
+decode/predict/encode and KServe's preprocess/predict/postprocess, shaped to what handoff has:
+
+    request --decode (a decoding thread)--> rows --the batcher (the model thread: `run`)--> outputs --> answer
+
+- `routes`: handoff's own POST routes it answers (`answer`), its main one first; any other is `refuse`d;
+- `run`: the model's call on a batch of rows, in the model thread (whatever is cheaper there than on the
+  event loop, a softmax or a ranking, is done here);
+- `batch_shape`: which requests may share a call (serve/batching.py; None: rows of one shape);
+- `protocol_tensors` and `infer`: the Open Inference Protocol's inputs and outputs, and its infer, on requests
+  serve/oip_codec.py has parsed (through the same batcher: `Serving.batched`);
+- `info`: the task's fields of GET /info; `schemas`: its routes' request and answer schemas for /docs.json.
+
+A task never sees HTTP: it gets an `Incoming` (the body the front door read, its parameters) and gives an `Answer`,
+or raises the one client error (contract/errors.py) where the request is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from contract.errors import ClientError
+from contract.signature import Signature, read_signature
+from serve.batching import BatchShape, ModelFailed
+from serve.config import ServeConfig
+from serve.decode_pool import DecodePool
+from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.form import small_integer
+from serve.json_body import parse_json
+from serve.oip import ServedTensor, select_outputs
+from serve.oip_codec import OIP_DATATYPE, InferRequest, OutputTensor
+from serve.runtime import Runtime
+from serve.tensor_inputs import check_answer_size, json_inputs, model_inputs, outputs_json
+
+Rows = Any  # one array, or named arrays: what a task's decode gives and its `run` takes
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What a task is given: the export it serves, the runtime, the settings and the service's shared parts."""
+
+    manifest: dict[str, Any]
+    folder: Path
+    runtime: Runtime
+    config: ServeConfig
+    decoders: DecodePool
+    """decoding threads: a request's CPU-bound decoding runs here, never on the event loop"""
+    batched: Callable[[Rows], Awaitable[dict[str, np.ndarray]]]
+    """the model's outputs for some rows, batched with every other request's"""
+
+
+class ServedTask:
+    """The protocol, with the defaults most tasks keep. serve/tasks/__init__.py maps a manifest's task to its class."""
+
+    name: ClassVar[str]
+    """the manifest's `task`"""
+    routes: ClassVar[tuple[str, ...]] = ()
+    runs_alone: ClassVar[bool] = False
+    """each request's rows run in a call of their own (images of their own sizes): never padded to warm sizes"""
+    batch_shape: BatchShape | None = None
+
+    def __init__(self, serving: Serving) -> None:
+        self.serving = serving
+        self.manifest = serving.manifest
+        self.config = serving.config
+        self.signature: Signature = read_signature(serving.manifest)
+
+    def run(self, rows: Rows) -> dict[str, np.ndarray]:
+        """The model on a batch, in the model thread."""
+        return self.serving.runtime.run_named(rows)
+
+    def warm_up(self) -> None:
+        """Run the model once at load, where the shapes it will see are known, so the first request is not slow."""
+
+    def client_fault(self, failed: ModelFailed) -> ClientError | None:
+        """The client's error when the model failed on one request's rows alone; None: the fault is the service's."""
+        return None
+
+    async def answer(self, route: str, request: Incoming) -> Answer:
+        """One of `routes`, answered."""
+        raise NotImplementedError
+
+    def refuse(self, route: str) -> ClientError:
+        answered = " or ".join(f"POST {r}" for r in self.routes) or "the protocol's infer"
+        return ClientError(
+            f"{route} is not for this model (task {self.name}): send it to {answered}; see GET /info", 404
+        )
+
+    def max_body_bytes(self, route: str) -> int | None:
+        """A tighter limit than HANDOFF_MAX_BODY_MB on `route`'s body (None: that limit alone)."""
+        return None
+
+    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
+        """The protocol's inputs and outputs: the signature's, by default."""
+        inputs = [ServedTensor(t.name, OIP_DATATYPE[t.dtype], t.shape) for t in self.signature.inputs]
+        outputs = [ServedTensor(t.name, OIP_DATATYPE[t.dtype], t.shape) for t in self.signature.outputs]
+        return inputs, outputs
+
+    async def infer(self, request: InferRequest) -> list[OutputTensor]:
+        raise NotImplementedError
+
+    def info(self) -> dict[str, Any]:
+        """The task's own fields in GET /info's `model`."""
+        return {"dynamic": self.manifest.get("dynamic", {})}
+
+    def schemas(self) -> dict[str, RouteSchema]:
+        """The task's own request and answer schemas, by route, for the OpenAPI document."""
+        return {}
+
+    # Shared by the tasks that take tensors by name (any model, and a text model's token ids).
+
+    async def predict_named(self, request: Incoming) -> Answer:
+        """POST /predict's `{"inputs": {name: nested list}}` -> `{"outputs": {name: nested list}}`."""
+        only_params(request.params, set())
+        inputs = await self.serving.decoders.run(self._parse_inputs, request.body)
+        outputs = {name: a for name, a in (await self.serving.batched(inputs)).items() if name != "order"}
+        check_answer_size(outputs, self.config.max_answer_numbers)
+        return Answer(await self.serving.decoders.run(outputs_json, outputs))  # in a thread: it may be megabytes
+
+    def _parse_inputs(self, body: bytes) -> dict[str, np.ndarray]:
+        return model_inputs(json_inputs(parse_json(body), self.signature), self.signature, self.config.max_batch_size)
+
+    async def infer_named(self, request: InferRequest) -> list[OutputTensor]:
+        """The protocol's infer on the signature's inputs, numbers only."""
+        given = numeric_inputs(request, list(request.inputs))
+        outputs = await self.serving.batched(model_inputs(given, self.signature, self.config.max_batch_size))
+        check_answer_size(outputs, self.config.max_answer_numbers)
+        return select_outputs(request, outputs, None)
+
+    def named_schemas(self) -> RouteSchema:
+        """/predict's body and answer for the signature's inputs and outputs by name."""
+
+        def tensors(specs: Any) -> dict[str, Any]:
+            return {
+                "type": "object",
+                "properties": {t.name: {"type": "array", "description": f"{t.dtype} {list(t.shape)}"} for t in specs},
+                "required": [t.name for t in specs],
+            }
+
+        body = {"type": "object", "properties": {"inputs": tensors(self.signature.inputs)}, "required": ["inputs"]}
+        answer = {"type": "object", "properties": {"outputs": tensors(self.signature.outputs)}}
+        return RouteSchema({"application/json": {"schema": body}}, ("application/json", answer))
+
+
+def only_params(params: dict[str, list[str]], allowed: set[str]) -> None:
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        expected = f"expected {', '.join(sorted(allowed))}" if allowed else "this endpoint takes none"
+        raise ClientError(f"unknown query parameter(s) {', '.join(unknown)}; {expected}")
+
+
+def numeric_inputs(request: InferRequest, names: list[str]) -> dict[str, np.ndarray]:
+    """The values of inputs `names`, refusing a BYTES tensor where the model takes numbers."""
+    given = {}
+    for name in names:
+        tensor = request.inputs[name]
+        if tensor.datatype == "BYTES":
+            raise ClientError(f"input {name!r}: BYTES; this model takes numbers")
+        given[name] = tensor.value
+    return given
+
+
+def one_param(params: dict[str, list[str]], name: str, default: str) -> str:
+    values = params.get(name, [default])
+    if len(values) > 1:
+        raise ClientError(f"{name} is given {len(values)} times; send it once")
+    return values[0]
+
+
+def checked_top_k(value: Any) -> int:
+    """top_k from a form or query string (ASCII digits: not '²' or '①') or a JSON body (a number), 1 to 1000."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    digits = isinstance(value, str) and small_integer(value) and len(value) <= 4
+    top_k = int(value) if whole or digits else 0
+    if not 1 <= top_k <= 1000:
+        raise ClientError(f"top_k={str(value)[:20]}: must be between 1 and 1000")
+    return top_k

@@ -1,0 +1,193 @@
+"""A text classifier's serving side: the tokenizer it was trained with, texts in, padded batches to the model.
+
+The export (export/text_export.py) copies the tokenizer into the folder as `tokenizer.json` and records its
+settings in the manifest (`tokenizer`); the service builds it with the `tokenizers` library (no transformers, no
+torch) from the bytes checked against the manifest. A text longer than the model's maximum is truncated to it,
+as the tokenizer was set to do in training, and the answer says so (`"truncated": true`); a text past
+HANDOFF_MAX_TEXT_CHARS is refused (413) before it is tokenized.
+
+Requests of different lengths share a batch (`PaddedSequences`): each is padded to the longest in its batch
+with the pad token and a zero attention mask, which export/text_export.py proved leaves every row's answer as it
+is alone. A batch holds at most `max_tokens` padded tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from contract.errors import ClientError
+from contract.manifest import labels_of, read_artifact
+from contract.signature import TASK_TEXT_CLASSIFICATION
+from contract.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
+from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.oip import TEXT_INPUT, ServedTensor
+from serve.oip_codec import InferRequest, OutputTensor
+from serve.tasks.base import ServedTask, Serving, checked_top_k
+from serve.tasks.ranking import PREDICTIONS, classifier_outputs, predictions, ranked, with_probabilities
+from serve.tensor_inputs import check_rows
+
+TEXT_TYPES = ("application/json", "text/plain")  # /classify's bodies for a text
+
+PADDED_SHARE = 0.25  # a call's padding at most a quarter of its real tokens
+
+
+class PaddedSequences:
+    """serve/batching.py's batch shape for token inputs: any lengths share a batch, padded to the longest (the
+    pad token's id, a zero mask), up to `max_tokens` padded tokens in all."""
+
+    def __init__(self, settings: TokenizerSettings, max_tokens: int | None = None) -> None:
+        self.settings = settings
+        self.max_tokens = max_tokens
+
+    def key(self, rows: Any) -> tuple:
+        return ()
+
+    def join(self, parts: list[Any]) -> dict[str, np.ndarray]:
+        return pad_to_longest(parts, self.settings)
+
+    def fits(self, parts: list[Any], more: Any) -> bool:
+        if self.max_tokens is None:
+            return True
+        rows = sum(p[MASK].shape[0] for p in parts) + more[MASK].shape[0]
+        longest = max(more[MASK].shape[1], *(p[MASK].shape[1] for p in parts))
+        return rows * longest <= self.max_tokens
+
+    def groups(self, parts: list[Any]) -> list[list[int]]:
+        """The batch sorted by length and cut where padding would pass PADDED_SHARE of a call's tokens: a 10-token
+        text padded to 80 costs the model what an 80-token one does (attention more), so mixed lengths in one call
+        cost up to twice their tokens (bench/text_serving.py: 0.49 x the limit at c=64 in one call, see
+        docs/text.md)."""
+        order = sorted(range(len(parts)), key=lambda i: parts[i][MASK].shape[1])
+        groups: list[list[int]] = []
+        tokens = rows = 0
+        for i in order:
+            part_rows, length = parts[i][MASK].shape
+            real = int(parts[i][MASK].sum())
+            if not groups or (rows + part_rows) * length > (1 + PADDED_SHARE) * (tokens + real):
+                groups.append([])
+                tokens = rows = 0
+            groups[-1].append(i)
+            tokens += real
+            rows += part_rows
+        return groups
+
+
+def texts_of_body(body: bytes, content_type: str, max_chars: int) -> tuple[str, dict[str, Any]]:
+    """POST /classify's text: a JSON `{"text": "...", "top_k": K}` or a text/plain body; and the JSON's other
+    fields. ClientError (400) for anything else."""
+    if content_type == "text/plain":
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ClientError(f"the body is not valid UTF-8 (byte {err.start})") from None
+        return checked_text(text, max_chars, "the body"), {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise ClientError(f"the body is not valid JSON ({str(err)[:120]})") from None
+    if not isinstance(document, dict) or "text" not in document or set(document) - {"text", "top_k"}:
+        raise ClientError('expected a JSON object {"text": "...", "top_k": K}, top_k optional')
+    return checked_text(document["text"], max_chars, '"text"'), {k: v for k, v in document.items() if k != "text"}
+
+
+def checked_text(text: Any, max_chars: int, what: str) -> str:
+    if not isinstance(text, str):
+        raise ClientError(f"{what} must be a string, not {type(text).__name__}")
+    if not text.strip():
+        raise ClientError(f"{what} is empty: send the text to classify")
+    if len(text) > max_chars:
+        raise ClientError(f"{what} holds {len(text)} characters; at most {max_chars} (HANDOFF_MAX_TEXT_CHARS)", 413)
+    return text
+
+
+def texts_of_elements(elements: list[bytes], max_chars: int) -> list[str]:
+    """The protocol's BYTES elements as texts: each UTF-8, not empty, not too long."""
+    texts = []
+    for index, element in enumerate(elements):
+        try:
+            text = element.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ClientError(f"{TEXT_INPUT}[{index}] is not valid UTF-8 (byte {err.start})") from None
+        texts.append(checked_text(text, max_chars, f"{TEXT_INPUT}[{index}]"))
+    return texts
+
+
+class TextClassification(ServedTask):
+    """A text classifier's tokenizer, labels and batch shape, loaded from the export's verified bytes."""
+
+    name = TASK_TEXT_CLASSIFICATION
+    routes = ("/classify", "/predict")
+
+    def __init__(self, serving: Serving) -> None:
+        super().__init__(serving)
+        settings = TokenizerSettings.from_manifest(self.manifest["tokenizer"])
+        tokenizer_json = read_artifact(serving.folder, self.manifest, self.manifest["tokenizer"]["file"])
+        self.tokenizer = TextTokenizer(tokenizer_json, settings)
+        self.labels: list[str] = labels_of(self.manifest) or []
+        self.max_chars = self.config.max_text_chars
+        self.batch_shape = PaddedSequences(settings, max(self.config.max_batch_tokens, settings.max_length))
+
+    def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return ranked(self.serving.runtime.run_named(rows)["logits"])
+
+    async def answer(self, route: str, request: Incoming) -> Answer:
+        """/classify: a text, `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`), tokenized in a thread;
+        /predict: token ids by name, as any model's inputs."""
+        if route == "/predict":
+            return await self.predict_named(request)
+        if request.content_type not in TEXT_TYPES:
+            raise ClientError('this model classifies text: send {"text": "..."} (application/json) or text/plain', 415)
+        encoded, top_k = await self.serving.decoders.run(
+            self.encode_body, request.body, request.content_type, request.params
+        )
+        top_k = checked_top_k(top_k)
+        outputs = await self.serving.batched(encoded.rows)
+        return Answer({"predictions": predictions(outputs, self.labels, top_k), "truncated": encoded.truncated[0]})
+
+    def encode_body(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> tuple[Encoded, Any]:
+        """POST /classify's body as the model's rows, and its top_k (the JSON's, else the query string's)."""
+        text, fields = texts_of_body(body, content_type, self.max_chars)
+        if params.keys() - {"top_k"}:
+            raise ClientError(
+                f"unknown query parameter(s) {', '.join(sorted(params.keys() - {'top_k'}))}; expected top_k"
+            )
+        top_k = fields.get("top_k", params.get("top_k", ["5"])[-1])
+        return self.tokenizer.encode([text]), top_k
+
+    def encode_elements(self, elements: list[bytes]) -> Encoded:
+        return self.tokenizer.encode(texts_of_elements(elements, self.max_chars))
+
+    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
+        """Texts in (tokenized by the service), the logits and their softmax out."""
+        _, outputs = super().protocol_tensors()
+        return [ServedTensor(TEXT_INPUT, "BYTES", (-1,))], with_probabilities(outputs)
+
+    async def infer(self, request: InferRequest) -> list[OutputTensor]:
+        texts = request.inputs.get(TEXT_INPUT)
+        if texts is None or len(request.inputs) != 1:
+            given = ", ".join(sorted(request.inputs))
+            raise ClientError(f"send one input, 'text' (BYTES [N]: UTF-8 texts); got {given}")
+        if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
+            raise ClientError(
+                f"input 'text' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
+            )
+        check_rows(len(texts.value), self.config.max_batch_size)
+        encoded = await self.serving.decoders.run(self.encode_elements, texts.value)
+        return classifier_outputs(request, await self.serving.batched(encoded.rows), self.labels)
+
+    def info(self) -> dict[str, Any]:
+        return super().info() | {"labels": self.labels, "tokenizer": self.manifest["tokenizer"]}
+
+    def schemas(self) -> dict[str, RouteSchema]:
+        text = {
+            "type": "object",
+            "properties": {"text": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1, "maximum": 1000}},
+            "required": ["text"],
+            "additionalProperties": False,
+        }
+        request = {"application/json": {"schema": text}, "text/plain": {"schema": {"type": "string"}}}
+        answer = {**PREDICTIONS, "properties": {**PREDICTIONS["properties"], "truncated": {"type": "boolean"}}}
+        return {"/classify": RouteSchema(request, ("application/json", answer)), "/predict": self.named_schemas()}
