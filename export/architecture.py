@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from contract.preprocessing import Preprocessing
 from export.provenance import Provenance, load_checked, trace
-from export.sources import Source
+from export.readers.containers import Source
 from export.unwrap import LoadMismatch, Unwrapped, unwrap_keys
 from train.class_names import check_class_names
 from train.models import TIMM_PREFIX, build_model, check_arch, eval_defaults, is_timm, timm_has, timm_name

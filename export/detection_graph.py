@@ -11,7 +11,7 @@ that graph answer differently from the eager model:
   `-1`, which ONNX Runtime cannot resolve. Here the decoding names every dimension, so zero boxes decode to zero.
 
 Both are changes of how the same arithmetic is written down, not of what it computes: parity compares the graph
-with the untouched eager model (export/detection_export.py), and `resize_mismatch` checks the graph's resized
+with the untouched eager model (export/tasks/object_detection.py), and `resize_mismatch` checks the graph's resized
 size against eager's over a sweep of sizes.
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from export.provenance import Provenance
-from export.sources import Source
+from export.readers.containers import Source
 from export.unwrap import Unwrapped
 
 log = logging.getLogger("export")

@@ -1,5 +1,6 @@
-"""The export itself, once the command line's options are checked (export/cli.py): read the checkpoint, rebuild
-the model, write the artifacts into a staging folder, prove parity, and put the folder in place only whole."""
+"""The export itself, once the command line's options are checked (export/cli.py): choose and read the checkpoint
+(export/readers/), hand it to the task that recognizes it (export/tasks/), which rebuilds the model and writes and
+proves the artifacts in a staging folder (export/pipeline.py), then put the folder in place only whole."""
 
 from __future__ import annotations
 
@@ -15,22 +16,14 @@ from pathlib import Path
 
 import torch
 
-from contract.manifest import ONNX_INT8, is_export_folder, new_manifest
+from contract.manifest import ONNX_INT8, is_export_folder
 from export import bento
-from export.architecture import load_weights, resolve_model
-from export.classifier_export import EXIT_OK, EXIT_UNCHECKED, CheckOptions, tolerance_of, write_and_check
 from export.cli import CheckedOptions, bad_input
-from export.compare import choose_checkpoint
-from export.detection_export import detection_job, is_detector
-from export.exporters import check_eval_mode
-from export.hf_checkpoint import find_hf_checkpoint
-from export.job import Job, log_loading, origin_fields
+from export.job import Job
 from export.out_folder import check_out, passed, replace_folder
-from export.provenance import trace, whole_module
-from export.segmentation_export import is_segmenter, segmentation_job
-from export.sources import Source, read_source
-from export.steps import timed
-from export.tensor_export import tensor_job
+from export.pipeline import EXIT_OK, EXIT_UNCHECKED, ExportRequest
+from export.readers.choose import choose_checkpoint
+from export.tasks import task_for
 from export.unwrap import LoadMismatch
 from train.checkpoint import CheckpointError
 
@@ -45,64 +38,13 @@ def _device(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
-def classifier_job(
-    args: argparse.Namespace,
-    checkpoint: Path,
-    src: Source,
-    checked: CheckedOptions,
-    device: torch.device,
-    timings: dict[str, float],
-) -> Job:
-    labels = checked.labels
-    with timed(timings, "load"):
-        spec = resolve_model(src, args.arch, args.model, args.image_size, labels)
-        loads = src.module is None or args.arch or args.model  # else the pickled module is the model
-        loaded, tied = load_weights(spec, src, not args.model, args.allow_partial) if loads else (set(), {})
-        model = spec.model.float().eval()
-        provenance = (
-            trace(model, spec.unwrapped, loaded, tied, spec.arch, args.allow_partial)
-            if loads
-            else whole_module(model, spec.arch)
-        )
-    log_loading(src, spec.unwrapped)
-    check_eval_mode(model)
-    origin = origin_fields(checkpoint, src, spec.unwrapped, provenance)
-    dtype = "float16" if args.fp16 else "float32"
-    manifest = new_manifest(spec.arch, spec.classes, spec.preprocess, dtype, origin, timings)
-    hints = src.preprocess_hints
-    options = CheckOptions(
-        args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop, hints.get("val_split")
-    )
-    data = (src.meta or {}).get("data") or hints.get("data")  # handoff's meta, else the training script's args
-    return Job(
-        manifest,
-        lambda folder: write_and_check(model, spec, data, checked.formats, device, options, manifest, folder),
-        f"{spec.arch} ({spec.num_classes} classes)",
-    )
-
-
 def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
+    """read -> task -> formats -> parity and provenance -> manifest -> place."""
     started = time.monotonic()
-    timings: dict[str, float] = {}
     device = _device(args.device)
     checkpoint = choose_checkpoint(args.checkpoint, args.pick, args.trust_pickle, args.ema)
-    hf = None if args.example or args.model or args.arch else find_hf_checkpoint(checkpoint, args.hf_config)
-    if args.example is not None:
-        job = tensor_job(args, checkpoint, checked.formats, device, timings)
-    elif hf is not None:
-        from export.text_export import text_job  # imports transformers: only a Hugging Face checkpoint's export
-
-        job = text_job(args, hf, checked.formats, device, timings)
-    else:
-        with timed(timings, "read"):
-            src = read_source(checkpoint, trust_pickle=args.trust_pickle, ema=args.ema)
-        arch = args.arch or (None if args.model else src.arch)
-        if is_detector(arch):
-            job = detection_job(args, checkpoint, src, str(arch), device, timings, checked.labels)
-        elif is_segmenter(arch):
-            job = segmentation_job(args, checkpoint, src, str(arch), checked.formats, device, timings, checked.labels)
-        else:
-            job = classifier_job(args, checkpoint, src, checked, device, timings)
+    request = ExportRequest(args, checked, checkpoint, device, {})
+    job = task_for(request).job(request)
     manifest = job.manifest
     out = args.out or checkpoint.parent / f"{checkpoint.stem}.export"
     check_out(out, checkpoint)

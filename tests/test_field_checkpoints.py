@@ -128,7 +128,7 @@ def test_a_hugging_face_model_saved_with_pytorchs_fsdp2_recipe_exports_its_own_w
 
 
 def test_dcp_reads_the_model_tensors_only(dcp_folders):
-    from export.sources import read_source
+    from export.readers import read_source
 
     src = read_source(dcp_folders / "torchtitan" / "step-3")
     assert not any(k.startswith(("optimizer", "lr_scheduler", "dataloader", "train_state")) for k in src.state_dict)

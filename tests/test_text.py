@@ -335,7 +335,7 @@ def test_only_ascii_digits_number_a_trainer_checkpoint(text_run: Path, tmp_path:
     out = tmp_path / "output"
     _copy_of_checkpoint(text_run, out / "checkpoint-30")
     _copy_of_checkpoint(text_run, out / "checkpoint-\u0669\u0669")
-    from export.hf_checkpoint import find_hf_checkpoint
+    from export.readers.hf_checkpoint import find_hf_checkpoint
 
     found = find_hf_checkpoint(out, None)
     assert found is not None and found.config_dir.name == "checkpoint-30"

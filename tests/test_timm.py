@@ -89,7 +89,7 @@ def test_service_preprocessing_is_timms_eval_transform(arch):
 
     from contract.pil_transform import Preprocessor
     from export.architecture import _preprocess
-    from export.sources import Source
+    from export.readers.containers import Source
 
     name = arch.removeprefix("timm/")
     preprocess = _preprocess(Source(Path("x"), "", "state_dict", {}), arch, None)

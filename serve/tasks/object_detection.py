@@ -1,6 +1,6 @@
 """A detector's serving side: an image in, its detections out, on POST /detect and the protocol's infer.
 
-The export (export/detection_export.py) is one ONNX graph that takes one image at its own size (1 x 3 x H x W,
+The export (export/tasks/object_detection.py) is one ONNX graph that takes one image at its own size (1 x 3 x H x W,
 RGB in 0..1) and does what torchvision's model does: resize, normalize, detect, NMS, the model's score threshold
 and detections per image, boxes in the image's own pixels. So the service decodes the upload (the same checks as
 /classify: formats, the pixel limit, EXIF orientation) and hands the pixels over. Images of any sizes share a

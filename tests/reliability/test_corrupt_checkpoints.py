@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import TRAIN, run
 
-from export.sources import read_source
+from export.readers import read_source
 from train.checkpoint import CheckpointError, load
 
 pytestmark = pytest.mark.xdist_group("corrupt")  # its module fixtures stay on one worker

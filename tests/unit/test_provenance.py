@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from export.folders import _model_keys
 from export.parity import uninformative
 from export.provenance import load_checked, trace
+from export.readers.folders import _model_keys
 from export.unwrap import LoadMismatch, unwrap_keys
 
 

@@ -1,5 +1,5 @@
 """A text classifier's serving pieces in process: padding to the longest text, the batch's token bound, and the
-bodies /classify and the protocol take (serve/text.py, contract/tokenizer_spec.py)."""
+bodies /classify and the protocol take (serve/tasks/text_classification.py, contract/tokenizer_spec.py)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ A detector that finds nothing on any of them is "not checked": no detection anyw
 
 from __future__ import annotations
 
-import argparse
 import logging
 import warnings
 from pathlib import Path
@@ -29,10 +28,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from contract.manifest import ONNX, describe_artifacts, embedded_fields, new_tensor_manifest, write_manifest
+from contract.manifest import ONNX, embedded_fields, new_tensor_manifest
 from contract.signature import TASK_OBJECT_DETECTION, Signature, TensorSpec
 from export.architecture import load_by_heads
-from export.classifier_export import settle
 from export.detection_graph import DetectionGraph, exportable, no_proposal_failure, resize_mismatch
 from export.detection_parity import (
     BOX_TOLERANCE_PX,
@@ -45,9 +43,8 @@ from export.detection_parity import (
 from export.exporters import OPSET
 from export.job import Job, log_loading, origin_fields
 from export.parity import Comparison, Tolerance, onnx_sessions, parity_report, pin_precision
-from export.sources import Source
-from export.steps import library_versions, timed
-from export.tensor_export import refuse_classifier_flags
+from export.pipeline import ExportRequest, ExportTask, close_manifest, refuse_classifier_flags
+from export.steps import timed
 from export.tensor_model import first_line
 
 log = logging.getLogger("export")
@@ -119,16 +116,10 @@ def parity_images() -> list[np.ndarray]:
     return [*views, np.full((1, 3, *EMPTY_SCENE), 0.5, dtype=np.float32)]
 
 
-def detection_job(
-    args: argparse.Namespace,
-    checkpoint: Path,
-    src: Source,
-    arch: str,
-    device: torch.device,
-    timings: dict[str, float],
-    labels: list[str] | None = None,
-) -> Job:
-    """`labels`: --labels, one name per class index (index 0 is torchvision's background)."""
+def detection_job(request: ExportRequest) -> Job:
+    """--labels: one name per class index (index 0 is torchvision's background)."""
+    args, src, arch, timings, device = request.args, request.source, str(request.arch), request.timings, request.device
+    labels, checkpoint = request.checked.labels, request.checkpoint
     refuse_classifier_flags(args, "a detector", allowed=("arch", "labels"))
     hints = src.preprocess_hints
     make = lambda n: _build(arch, n, hints)  # noqa: E731
@@ -278,8 +269,7 @@ def write_detection_export(model: nn.Module, device: torch.device, manifest: dic
     manifest["parity"]["summary"] = detection_summary(
         results, device, manifest["parity"]["summary"][2 + len(results) :]
     )
-    manifest["artifacts"] = describe_artifacts(folder, [ONNX])
-    manifest["versions"] = library_versions()
-    status = settle(manifest)
-    write_manifest(folder, manifest)
-    return status
+    return close_manifest(manifest, folder, [ONNX])
+
+
+TASK = ExportTask(TASK_OBJECT_DETECTION, lambda request: is_detector(request.arch), detection_job)

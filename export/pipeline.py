@@ -1,15 +1,17 @@
-"""Export any model the user trained (`--model module:factory --example FILE`): build it, load the checkpoint's
-weights, describe it by running the example, write ONNX, torch.export and TorchScript (where tracing works),
-and prove each against the eager model on the example's rows (export/tensor_parity.py).
+"""What every export task shares: the request a task is given (`ExportRequest`), the task's entry in the registry
+(`ExportTask`), and the steps after the model: write the formats, prove each against the eager model
+(export/tensor_parity.py for a model described by its signature), settle the verdict, close the manifest.
 
-    python -m export ckpt.pth --model mypkg.models:TextClassifier --example example.pt --dynamic tokens:1
+export/run.py owns the whole: read -> task (export/tasks/) -> formats -> parity and provenance -> manifest -> place.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,37 +25,100 @@ from contract.manifest import (
     TORCHSCRIPT,
     describe_artifacts,
     embedded_fields,
-    new_tensor_manifest,
     write_manifest,
 )
-from export.architecture import build_user_model
-from export.classifier_export import settle, tolerance_of
+from export.cli import CheckedOptions
 from export.exporters import (
     ExportCall,
-    check_eval_mode,
     export_aoti,
     export_onnx,
     export_pt2,
     export_safetensors,
     export_torchscript,
 )
-from export.job import Job, log_loading, origin_fields
-from export.parity import Comparison, Tolerance, parity_report, pin_precision
-from export.sources import read_source
+from export.job import Job
+from export.parity import DEFAULT_TOLERANCES, Comparison, Tolerance, parity_report, pin_precision
+from export.readers import Source, read_source
+from export.readers.hf_checkpoint import HfCheckpoint, find_hf_checkpoint
 from export.steps import library_versions, timed
 from export.tensor_model import (
     Example,
     SignatureModule,
-    describe,
     dynamic_shapes,
     first_line,
-    load_example,
-    parse_dynamic,
     traceable,
 )
 from export.tensor_parity import run_tensor_parity
 
 log = logging.getLogger("export")
+EXIT_OK, EXIT_PARITY, EXIT_UNCHECKED = 0, 3, 4
+
+
+@dataclass
+class ExportRequest:
+    """What a task is given: the command line, its checked options, the checkpoint and where parity runs. The
+    checkpoint is read at most once, when a task first asks for it (`source`)."""
+
+    args: argparse.Namespace
+    checked: CheckedOptions
+    checkpoint: Path
+    device: torch.device
+    timings: dict[str, float]
+
+    @functools.cached_property
+    def hf(self) -> HfCheckpoint | None:
+        """A Hugging Face checkpoint (a Trainer folder, save_pretrained, or weights with --hf-config), else None."""
+        args = self.args
+        return None if args.example or args.model or args.arch else find_hf_checkpoint(self.checkpoint, args.hf_config)
+
+    @functools.cached_property
+    def source(self) -> Source:
+        with timed(self.timings, "read"):
+            return read_source(self.checkpoint, trust_pickle=self.args.trust_pickle, ema=self.args.ema)
+
+    @property
+    def arch(self) -> str | None:
+        """The architecture: --arch, else the one the checkpoint names (not with --model: the user's own)."""
+        return self.args.arch or (None if self.args.model else self.source.arch)
+
+
+@dataclass(frozen=True)
+class ExportTask:
+    """One task's entry in export/tasks/'s registry: whether a request is its, and its export of it."""
+
+    name: str
+    recognizes: Callable[[ExportRequest], bool]
+    job: Callable[[ExportRequest], Job]
+
+
+def tolerance_of(args: Any) -> Tolerance:
+    default = DEFAULT_TOLERANCES["fp16" if args.fp16 else "fp32"]
+    return Tolerance(
+        args.atol if args.atol is not None else default.atol,
+        args.rtol if args.rtol is not None else default.rtol,
+        default.min_top1,
+    )
+
+
+def settle(manifest: dict[str, Any]) -> int:
+    """The manifest's `status` from its parity verdict, and the exit status: passed, 0; failed, 3; not checked, 4
+    when the reference gave nothing to compare, 0 when no computing format was asked for (--formats safetensors)."""
+    report = manifest["parity"]
+    manifest["status"] = {True: "passed", False: "failed", None: "not checked"}[report["pass"]]
+    if report["pass"] is False:
+        return EXIT_PARITY
+    return EXIT_UNCHECKED if report["pass"] is None and report.get("not_checked") else EXIT_OK
+
+
+def close_manifest(manifest: dict[str, Any], folder: Path, files: list[str]) -> int:
+    """The manifest's last steps, for every task: its artifacts' hashes, the library versions, the verdict; written
+    into `folder`. Returns the exit status."""
+    manifest["artifacts"] = describe_artifacts(folder, files)
+    manifest["versions"] = library_versions()
+    status = settle(manifest)
+    write_manifest(folder, manifest)
+    return status
+
 
 # Flags that describe an image classifier: with --example they would be silently meaningless, so they are refused.
 CLASSIFIER_ONLY = {
@@ -71,33 +136,6 @@ def refuse_classifier_flags(args: argparse.Namespace, what: str, allowed: tuple[
     given = [flag for attr, flag in CLASSIFIER_ONLY.items() if attr not in allowed and getattr(args, attr)]
     if given:
         raise ValueError(f"{', '.join(given)}: for image classifiers; {what} takes none")
-
-
-def tensor_job(
-    args: argparse.Namespace, checkpoint: Path, formats: list[str], device: torch.device, timings: dict[str, float]
-) -> Job:
-    refuse_classifier_flags(args, "a model exported with --example")
-    if args.model is None:
-        raise ValueError("--example describes your own model: add --model module:factory, which builds it")
-    example = load_example(args.example)
-    dynamic = parse_dynamic(args.dynamic, example)
-    with timed(timings, "load"):
-        src = read_source(checkpoint, trust_pickle=args.trust_pickle, ema=args.ema)
-        model, unwrapped, provenance = build_user_model(src, args.model, args.allow_partial)
-    check_eval_mode(model)
-    signature, wrapped = describe(model, example, dynamic)
-    log_loading(src, unwrapped)  # after the checks: a refused export prints its one line and nothing else
-    dims = {name: list(d) for name, d in dynamic.items()}
-    origin = origin_fields(checkpoint, src, unwrapped, provenance)
-    manifest = new_tensor_manifest(args.model, signature, dims, origin, timings)
-    tol = tolerance_of(args)
-    ins = ", ".join(t.name for t in signature.inputs)
-    outs = ", ".join(t.name for t in signature.outputs)
-    return Job(
-        manifest,
-        lambda folder: write_tensor_export(wrapped, example, dynamic, formats, device, tol, manifest, folder),
-        f"{args.model} (inputs {ins}; outputs {outs})",
-    )
 
 
 def _skip_formats_that_cannot_run(
@@ -183,8 +221,4 @@ def write_tensor_export(
         batch_sizes=sorted({1, 2, example.rows}),
         not_checked=not_checked,
     )
-    manifest["artifacts"] = describe_artifacts(folder, [f for e in exported.values() for f in e["files"]])
-    manifest["versions"] = library_versions()
-    status = settle(manifest)
-    write_manifest(folder, manifest)
-    return status
+    return close_manifest(manifest, folder, [f for e in exported.values() for f in e["files"]])

@@ -1,10 +1,10 @@
-"""Read any checkpoint a user is likely to hold and find the weights inside it.
+"""Checkpoint files, and the containers the field's scripts save: where the weights are inside them.
 
 Files: handoff's own checkpoint; torchvision's classification references (`model`, `args`, `model_ema`);
 timm's `train.py` / `CheckpointSaver` (`state_dict`, `arch`, `args`, `state_dict_ema`); the ImageNet
 example's `{"arch", "state_dict", ...}`; PyTorch Lightning's `.ckpt`; `{"model": ...}`; a bare state_dict;
 a `.safetensors` file; and (with `--trust-pickle` only) a whole pickled `nn.Module`.
-Folders (export/folders.py): `torch.distributed.checkpoint` (FSDP2, torchtitan) and Accelerate's `save_state`.
+Folders (export/readers/folders.py): `torch.distributed.checkpoint` (FSDP2, torchtitan) and Accelerate's `save_state`.
 
 Every tensor is loaded onto the CPU whatever device it was saved from; the device tags found in the
 file (`cuda:3`, ...) are recorded for the manifest. EMA weights, where the file has them, are found too:
@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from contract.manifest import sha256_file
-from export.allowlist import FIELD_SAFE_GLOBALS
+from export.readers.allowlist import FIELD_SAFE_GLOBALS
 from train.checkpoint import FORMAT as HANDOFF_FORMAT
 from train.checkpoint import CheckpointError, PickleRefused, check_meta, read_weights_only
 
@@ -214,15 +214,8 @@ def choose_weights(src: Source, ema: bool) -> Source:
     return src
 
 
-def read_source(path: str | Path, trust_pickle: bool = False, ema: bool = False) -> Source:
-    """Load `path` (a file or a folder) on the CPU and locate its weights, or raise CheckpointError saying why."""
-    path = Path(path)
-    if path.is_dir():
-        from export.folders import read_folder
-
-        return choose_weights(read_folder(path), ema)
-    if path.suffix == ".safetensors":
-        return choose_weights(read_safetensors(path), ema)
+def read_file(path: Path, trust_pickle: bool = False) -> Source:
+    """A checkpoint file saved by torch.save, loaded on the CPU (weights only unless `trust_pickle`)."""
     recorder = _DeviceTagRecorder()
     try:
         obj = read_weights_only(path, map_location=recorder, safe_globals=FIELD_SAFE_GLOBALS)
@@ -235,7 +228,7 @@ def read_source(path: str | Path, trust_pickle: bool = False, ema: bool = False)
     src.device_tags = sorted(recorder.tags)
     if not src.state_dict:
         raise CheckpointError(f"{path}: the {src.kind} container holds no tensors")
-    return choose_weights(src, ema)
+    return src
 
 
 def read_safetensors(path: Path, kind: str = "safetensors") -> Source:

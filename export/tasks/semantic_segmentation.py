@@ -8,14 +8,12 @@ normalization goes inside, so the graph takes `image` N x 3 x H x W in 0..1 at a
 N x classes x H x W, at the size it was given. The service takes each pixel's best class and maps the mask back
 to the uploaded image's size (nearest).
 
-Written and checked as any model is (export/tensor_export.py: ONNX, torch.export, TorchScript, each against
+Written and checked as any model is (export/pipeline.py: ONNX, torch.export, TorchScript, each against
 eager on the example's rows and at a shorter H and W), the example being two views of scikit-learn's photos.
 """
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,10 +23,8 @@ import torch.nn as nn
 from contract.manifest import new_tensor_manifest
 from contract.signature import TASK_SEMANTIC_SEGMENTATION
 from export.architecture import load_by_heads
-from export.classifier_export import tolerance_of
 from export.job import Job, log_loading, origin_fields
-from export.sources import Source
-from export.tensor_export import refuse_classifier_flags, write_tensor_export
+from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of, write_tensor_export
 from export.tensor_model import Example, describe
 
 EVAL_SIZE = 520  # references/segmentation/presets.py: SegmentationPresetEval(base_size=520)
@@ -79,17 +75,10 @@ def example_images() -> Example:
     return Example({"image": torch.from_numpy(np.ascontiguousarray(batch))}, keywords=False)
 
 
-def segmentation_job(
-    args: argparse.Namespace,
-    checkpoint: Path,
-    src: Source,
-    arch: str,
-    formats: list[str],
-    device: torch.device,
-    timings: dict[str, float],
-    labels: list[str] | None = None,
-) -> Job:
-    """`labels`: --labels, one name per class index (index 0 is the references' background)."""
+def segmentation_job(request: ExportRequest) -> Job:
+    """--labels: one name per class index (index 0 is the references' background)."""
+    args, src, arch, timings, device = request.args, request.source, str(request.arch), request.timings, request.device
+    labels, checkpoint, formats = request.checked.labels, request.checkpoint, request.checked.formats
     refuse_classifier_flags(args, "a segmenter", allowed=("arch", "labels"))
     aux_loss = bool(src.preprocess_hints.get("aux_loss")) or any("aux_classifier." in k for k in src.state_dict)
     make = lambda n: _build(arch, n, aux_loss)  # noqa: E731
@@ -112,3 +101,6 @@ def segmentation_job(
         lambda out: write_tensor_export(wrapped, example, dynamic, formats, device, tolerance, manifest, out),
         f"{arch} ({len(labels)} classes{', with its aux classifier' if aux_loss else ''})",
     )
+
+
+TASK = ExportTask(TASK_SEMANTIC_SEGMENTATION, lambda request: is_segmenter(request.arch), segmentation_job)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from export.sources import read_source
+from export.readers import read_source
 
 log = logging.getLogger("export")
 WRAPPERS = frozenset({"module", "_orig_mod"})  # DDP/DataParallel and torch.compile

@@ -1,5 +1,6 @@
-"""Write and prove an image classifier's export: ONNX, torch.export, TorchScript, safetensors (and INT8), each
-checked against the eager model on real images."""
+"""An image classifier (handoff's own checkpoints, the ImageNet example's, torchvision's references, timm's): the
+model rebuilt from its architecture and weights, written as ONNX, torch.export, TorchScript, safetensors (and
+INT8), each checked against the eager model on real images. The task of every checkpoint no other task claims."""
 
 from __future__ import annotations
 
@@ -18,14 +19,15 @@ from contract.manifest import (
     PT2,
     SAFETENSORS,
     TORCHSCRIPT,
-    describe_artifacts,
     embedded_fields,
-    write_manifest,
+    new_manifest,
 )
-from export.architecture import ModelSpec
+from contract.signature import TASK_IMAGE_CLASSIFICATION
+from export.architecture import ModelSpec, load_weights, resolve_model
 from export.decode_check import check_fast_decode
 from export.decode_check import report as decode_report
 from export.exporters import (
+    check_eval_mode,
     classifier_call,
     export_aoti,
     export_onnx,
@@ -35,10 +37,12 @@ from export.exporters import (
 )
 from export.inputs import REAL_IMAGES, parity_inputs, real_images
 from export.int8 import quantize, report_dict
-from export.parity import DEFAULT_TOLERANCES, Tolerance, parity_report, pin_precision, run_parity
-from export.steps import library_versions, timed
+from export.job import Job, log_loading, origin_fields
+from export.parity import Tolerance, parity_report, pin_precision, run_parity
+from export.pipeline import EXIT_OK, EXIT_PARITY, ExportRequest, ExportTask, close_manifest, tolerance_of
+from export.provenance import trace, whole_module
+from export.steps import timed
 
-EXIT_OK, EXIT_PARITY, EXIT_UNCHECKED = 0, 3, 4
 EXPORT_BATCH = 2
 
 
@@ -52,15 +56,6 @@ class CheckOptions:
     int8: bool
     max_accuracy_drop: float
     val_split: str | None = None  # the training script's name for its validation folder (timm's --val-split)
-
-
-def tolerance_of(args: Any) -> Tolerance:
-    default = DEFAULT_TOLERANCES["fp16" if args.fp16 else "fp32"]
-    return Tolerance(
-        args.atol if args.atol is not None else default.atol,
-        args.rtol if args.rtol is not None else default.rtol,
-        default.min_top1,
-    )
 
 
 def write_and_check(
@@ -140,18 +135,38 @@ def write_and_check(
         manifest["parity"]["summary"].append(report.line())
         exported["int8"] = {"files": [ONNX_INT8]}
         int8_passed = report.passed
-    manifest["artifacts"] = describe_artifacts(folder, [f for e in exported.values() for f in e["files"]])
-    manifest["versions"] = library_versions()
-    status = settle(manifest)
-    write_manifest(folder, manifest)
+    status = close_manifest(manifest, folder, [f for e in exported.values() for f in e["files"]])
     return EXIT_PARITY if status == EXIT_OK and not int8_passed else status
 
 
-def settle(manifest: dict[str, Any]) -> int:
-    """The manifest's `status` from its parity verdict, and the exit status: passed, 0; failed, 3; not checked, 4
-    when the reference gave nothing to compare, 0 when no computing format was asked for (--formats safetensors)."""
-    report = manifest["parity"]
-    manifest["status"] = {True: "passed", False: "failed", None: "not checked"}[report["pass"]]
-    if report["pass"] is False:
-        return EXIT_PARITY
-    return EXIT_UNCHECKED if report["pass"] is None and report.get("not_checked") else EXIT_OK
+def classifier_job(request: ExportRequest) -> Job:
+    args, src = request.args, request.source
+    with timed(request.timings, "load"):
+        spec = resolve_model(src, args.arch, args.model, args.image_size, request.checked.labels)
+        loads = src.module is None or args.arch or args.model  # else the pickled module is the model
+        loaded, tied = load_weights(spec, src, not args.model, args.allow_partial) if loads else (set(), {})
+        model = spec.model.float().eval()
+        provenance = (
+            trace(model, spec.unwrapped, loaded, tied, spec.arch, args.allow_partial)
+            if loads
+            else whole_module(model, spec.arch)
+        )
+    log_loading(src, spec.unwrapped)
+    check_eval_mode(model)
+    origin = origin_fields(request.checkpoint, src, spec.unwrapped, provenance)
+    dtype = "float16" if args.fp16 else "float32"
+    manifest = new_manifest(spec.arch, spec.classes, spec.preprocess, dtype, origin, request.timings)
+    hints = src.preprocess_hints
+    options = CheckOptions(
+        args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop, hints.get("val_split")
+    )
+    data = (src.meta or {}).get("data") or hints.get("data")  # handoff's meta, else the training script's args
+    formats, device = request.checked.formats, request.device
+    return Job(
+        manifest,
+        lambda folder: write_and_check(model, spec, data, formats, device, options, manifest, folder),
+        f"{spec.arch} ({spec.num_classes} classes)",
+    )
+
+
+TASK = ExportTask(TASK_IMAGE_CLASSIFICATION, lambda request: True, classifier_job)

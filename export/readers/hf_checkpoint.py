@@ -5,7 +5,7 @@
     python -m export state.pt --hf-config base-model/       # a plain DDP state_dict (`module.` keys) and its config
     python -m export accel_state/ --hf-config base-model/   # an Accelerate save_state folder and its config
 
-The weights are read as every other checkpoint is (export/folders.py: `model.safetensors`, sharded safetensors
+The weights are read as every other checkpoint is (export/readers/folders.py: `model.safetensors`, sharded safetensors
 with their index, `pytorch_model.bin` with weights_only=True). The model is built from the config with
 transformers' Auto classes; a config that needs the model's own code (`auto_map`) is refused unless
 --trust-remote-code, since that runs code from the folder. transformers is imported only on this path.

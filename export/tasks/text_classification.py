@@ -1,6 +1,6 @@
 """Export a Hugging Face text classifier with its tokenizer: the checkpoint folder in, an export that takes text.
 
-The model is built from its config (export/hf_checkpoint.py) and called with the token inputs its tokenizer
+The model is built from its config (export/readers/hf_checkpoint.py) and called with the token inputs its tokenizer
 makes (`input_ids`, `attention_mask`, and `token_type_ids` where the tokenizer gives them), giving `logits`.
 Its example is what the tokenizer makes of real texts of every length it can take, padded to the longest: the
 shortest (one word), sentences of several lengths, and one past the model's maximum length (truncated to it), so
@@ -29,14 +29,20 @@ from tokenizers import Tokenizer
 from contract.manifest import describe_artifacts, new_tensor_manifest, write_manifest
 from contract.signature import TASK_TEXT_CLASSIFICATION
 from contract.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
-from export.classifier_export import EXIT_PARITY, tolerance_of
-from export.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files, tokenizer_folder
 from export.job import Job, log_loading, origin_fields
 from export.parity import onnx_sessions
+from export.pipeline import (
+    EXIT_PARITY,
+    ExportRequest,
+    ExportTask,
+    refuse_classifier_flags,
+    tolerance_of,
+    write_tensor_export,
+)
 from export.provenance import Provenance, load_checked, trace
-from export.sources import read_source
+from export.readers import read_source
+from export.readers.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files, tokenizer_folder
 from export.steps import timed
-from export.tensor_export import refuse_classifier_flags, write_tensor_export
 from export.tensor_model import Example, describe, first_line
 from export.unwrap import Unwrapped, unwrap_keys
 from train.class_names import check_class_names
@@ -160,9 +166,15 @@ def parity_texts(settings: TokenizerSettings) -> list[str]:
     return [SHORTEST, *SENTENCES, " ".join(SENTENCES * (settings.max_length // 8 + 1))]
 
 
-def text_job(
-    args: argparse.Namespace, hf: HfCheckpoint, formats: list[str], device: torch.device, timings: dict[str, float]
-) -> Job:
+def text_job(request: ExportRequest) -> Job:
+    args, hf, timings, device, formats = (
+        request.args,
+        request.hf,
+        request.timings,
+        request.device,
+        request.checked.formats,
+    )
+    assert hf is not None  # TASK recognized it
     refuse_classifier_flags(args, "a Hugging Face text model")
     with timed(timings, "load"):
         src = read_source(hf.weights, trust_pickle=args.trust_pickle, ema=args.ema)
@@ -300,3 +312,6 @@ def _add_text_checks(
         status = EXIT_PARITY
     write_manifest(out, manifest)
     return status
+
+
+TASK = ExportTask(TASK_TEXT_CLASSIFICATION, lambda request: request.hf is not None, text_job)

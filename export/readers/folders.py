@@ -30,8 +30,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
 from contract.manifest import sha256_file
-from export.allowlist import FIELD_SAFE_GLOBALS, UnsafeMetadata, read_dcp_metadata
-from export.sources import EMA_KEYS, Source, read_safetensors
+from export.readers.allowlist import FIELD_SAFE_GLOBALS, UnsafeMetadata, read_dcp_metadata
+from export.readers.containers import EMA_KEYS, Source, read_safetensors
 from train.checkpoint import CheckpointError, read_weights_only
 
 log = logging.getLogger(__name__)
