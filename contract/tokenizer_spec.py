@@ -11,7 +11,8 @@ quadratic in a word's length (100,000 characters of 99-letter words cost ~1 s, s
 tokenized by prefixes cut at a space, each CHARS_PER_TOKEN x max_length characters and then 4 times longer, until
 one gives more tokens than the model takes: a space ends every pre-tokenizer's word (WordPiece's, byte-level BPE's,
 SentencePiece's Metaspace), so that prefix's first `max_length` tokens are the whole text's, truncated flag
-included, at a cost that follows the tokens the model uses. export/tasks/text_classification.py checks it against transformers.
+included, at a cost that follows the tokens the model uses. export/tasks/text_classification.py checks it against
+transformers.
 """
 
 from __future__ import annotations

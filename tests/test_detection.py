@@ -200,8 +200,8 @@ def test_the_export_proves_provenance_and_runs_parity_where_graphs_break(trained
 def test_the_graph_computes_what_eager_does_where_torchvisions_traced_code_does_not(trained: Path, tmp_path: Path):
     """torchvision's detector traced as it is: its resize rounds 200 x 200 to 319 x 319, and with no region
     proposal kept its box decoding cannot run in ONNX Runtime. handoff's graph: neither, and its parity checks both."""
-    from export.tasks.object_detection import export_detection_onnx, parity_images
     from export.detection_graph import DetectionGraph, no_proposal_failure, resize_mismatch
+    from export.tasks.object_detection import export_detection_onnx, parity_images
 
     model = torchvision.models.get_model(ARCH, weights=None, weights_backbone=None, num_classes=3)
     model.load_state_dict(torch.load(trained / "checkpoint.pth", map_location="cpu", weights_only=False)["model"])

@@ -3,7 +3,7 @@
 As torchvision's segmentation references evaluate (the export's `segmentation` settings): the upload is decoded
 with /classify's checks, its shorter side resized to 520 with Pillow (bilinear), scaled to 0..1; the graph
 normalizes it and gives logits at that size; each pixel's best class, taken in the model thread, is mapped back to
-the uploaded image's size (nearest). Images of any sizes share a batch; each runs alone (serve/tasks/object_detection.py's
+the uploaded image's size (nearest). Images of any sizes share a batch; each runs alone (serve/tasks/images.py's
 OneImageEach).
 
 Answers:

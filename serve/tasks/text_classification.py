@@ -1,14 +1,18 @@
 """A text classifier's serving side: the tokenizer it was trained with, texts in, padded batches to the model.
 
-The export (export/tasks/text_classification.py) copies the tokenizer into the folder as `tokenizer.json` and records its
-settings in the manifest (`tokenizer`); the service builds it with the `tokenizers` library (no transformers, no
-torch) from the bytes checked against the manifest. A text longer than the model's maximum is truncated to it,
-as the tokenizer was set to do in training, and the answer says so (`"truncated": true`); a text past
-HANDOFF_MAX_TEXT_CHARS is refused (413) before it is tokenized.
+The export (export/tasks/text_classification.py) copies the tokenizer into the folder as `tokenizer.json` and
+records its settings in the manifest (`tokenizer`); the service builds it with the `tokenizers` library (no
+transformers, no torch) from the bytes checked against the manifest. A text longer than the model's maximum is
+truncated to it, as the tokenizer was set to do in training, and the answer says so (`"truncated": true`); a text
+past HANDOFF_MAX_TEXT_CHARS is refused (413) before it is tokenized.
 
-Requests of different lengths share a batch (`PaddedSequences`): each is padded to the longest in its batch
-with the pad token and a zero attention mask, which export/tasks/text_classification.py proved leaves every row's answer as it
-is alone. A batch holds at most `max_tokens` padded tokens.
+- POST /classify: `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`) -> predictions and `truncated`;
+- POST /predict: token ids by name, as any model's inputs;
+- the protocol: `text` (BYTES: UTF-8 texts) in, `logits` and `probabilities` out.
+
+Requests of different lengths share a batch (`PaddedSequences`): each is padded to the longest in its batch with
+the pad token and a zero attention mask, which the export proved leaves every row's answer as it is alone. A batch
+holds at most `max_tokens` padded tokens.
 """
 
 from __future__ import annotations
