@@ -94,25 +94,20 @@ class FrontDoor:
         reading = READING_PER_SLOT * max_concurrency
         self.reading = Slots(min(reading, max(1, max_connections // 2)) if max_connections else reading)
 
-    async def read(
-        self, scope: Scope, route: BodyRoute, receive: Receive, send: Send
-    ) -> tuple[bytes, dict[str, list[str]]] | None:
+    async def read(self, scope: Scope, route: BodyRoute, receive: Receive) -> tuple[bytes, dict[str, list[str]]] | None:
         """The body the route's handler takes (a form's file, or the whole body) and its parameters (the form's
-        other fields, or the query string's); None once the request has been answered here (or the client left)."""
+        other fields, or the query string's); None if the client left. ClientError for a request refused here."""
         limit = min(self.max_bytes, route.max_bytes()) if route.max_bytes else self.max_bytes
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await self._refuse(send, limit)
-            return None
+            raise _too_large(limit)
         sent = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if sent not in route.media_types:
             accepted = " or ".join(sorted(t for t in route.media_types if t) or ["no Content-Type"])
-            await json_error(send, 415, f"{scope['path']} takes {accepted}, not {sent or 'a body without a type'}")
-            return None
+            raise ClientError(f"{scope['path']} takes {accepted}, not {sent or 'a body without a type'}", 415)
         if not self.reading.free:
-            await json_error(send, 429, "too many uploads in progress; retry shortly")
-            return None
+            raise ClientError("too many uploads in progress; retry shortly", 429)
         deadline = asyncio.timeout(self.body_timeout_s)
         try:
             with self.reading:
@@ -121,25 +116,19 @@ class FrontDoor:
         except TimeoutError:
             if not deadline.expired():
                 raise
-            await json_error(send, 408, f"the request body did not arrive within {self.body_timeout_s:g} s")
-            return None
+            raise ClientError(f"the request body did not arrive within {self.body_timeout_s:g} s", 408) from None
         if body is None:
             return None  # the client left
         if len(body) > limit:
-            await self._refuse(send, limit)
-            return None
+            raise _too_large(limit)
         if sent == MULTIPART:
-            try:
-                return read_form(headers.get(b"content-type", b"").decode("latin-1"), body, route.form_fields)
-            except ClientError as err:
-                await json_error(send, err.status, str(err))
-                return None
+            return read_form(headers.get(b"content-type", b"").decode("latin-1"), body, route.form_fields)
         # any other body's parameters are its query string's
         return body, parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
 
-    @staticmethod
-    async def _refuse(send: Send, limit: int) -> None:
-        await json_error(send, 413, f"request body is larger than the limit of {limit} bytes")
+
+def _too_large(limit: int) -> ClientError:
+    return ClientError(f"request body is larger than the limit of {limit} bytes", 413)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

@@ -5,7 +5,9 @@ API-key gate have seen the request first.
 
 For a row that takes a body, the front door (serve/front_door.py) reads and bounds it first and the request then
 holds a processing slot while it is answered. A handler answers with an `Answer`, or raises the one client error
-(contract/errors.py), which becomes `{"error": ...}` with its status here and nowhere else, logged as one line.
+(contract/errors.py), which becomes `{"error": ...}` with its status here and nowhere else: logged as one line when
+a handler raised it, recorded by the access line alone when the request was refused before (no route, the front
+door's size, type, slot and deadline checks), so that a flood of refusals costs no logging on the event loop.
 A request framed two ways (Transfer-Encoding and Content-Length) is refused and its connection closed (RFC 9112
 6.1), and a handler's unexpected exception becomes a logged 500 at once instead of a response that never starts.
 """
@@ -43,21 +45,28 @@ class Router:
             return await json_error(
                 send, 400, "the request has both Transfer-Encoding and Content-Length; send one", close=True
             )
+        try:
+            await self._dispatch(scope, receive, send)
+        except ClientError as err:  # refused before any handler ran: the access line records it, no line of its own
+            await send_json(send, err.status, {"error": str(err)})
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = self.match(scope["method"], scope["path"])
         if found is None:  # never reading a body it would not take
-            path = printable(scope["path"][:200])
-            return await json_error(send, 404, f"no route {scope['method']} {path}: GET /docs.json lists them")
-        if found[0].handler is None:  # BentoML's own probes
-            return await _guarded(scope, send, lambda tracked: self.app(scope, receive, tracked))
+            raise ClientError(
+                f"no route {scope['method']} {printable(scope['path'][:200])}: GET /docs.json lists them", 404
+            )
         endpoint, path_params = found
+        if endpoint.handler is None:  # BentoML's own probes
+            return await _guarded(scope, send, lambda tracked: self.app(scope, receive, tracked))
         if endpoint.body is None:
             incoming = Incoming(scope, params=Incoming(scope).query, path_params=path_params)
             return await _guarded(scope, send, lambda tracked: _respond(endpoint, incoming, tracked))
-        read = await self.front_door.read(scope, endpoint.body, receive, send)
+        read = await self.front_door.read(scope, endpoint.body, receive)
         if read is None:
-            return  # answered by the front door, or the client left
+            return  # the client left
         if not self.front_door.processing.free:
-            return await json_error(send, 429, "too many requests in progress; retry with backoff")
+            raise ClientError("too many requests in progress; retry with backoff", 429)
         incoming = Incoming(scope, *read, path_params=path_params)
         with self.front_door.processing:
             await _guarded(scope, send, lambda tracked: _respond(endpoint, incoming, tracked))
