@@ -16,9 +16,8 @@ profiled). The CPU has no such cost, and padding there would compute the zero ro
 runs each batch at its own size.
 
 The model runs in a thread of its own, and when a batch ends the next one (what queued meanwhile) is handed to
-it before the answers of the last are sent. The event loop spends about 1.3 ms of CPU on each answer
-(bench/server_threads.py), some 40 ms for a batch of 32, which the model would otherwise wait out with every
-batch at concurrency 64.
+it before the answers of the last are sent: the event loop spends about a millisecond of CPU on each answer,
+tens of milliseconds for a full batch, which the model would otherwise wait out with every batch under load.
 
 Any model's requests carry named inputs (a dict of arrays) instead of one array, and only requests whose
 inputs agree beyond the batch dimension (shapes and dtypes: the same sequence length) share a batch: padding a

@@ -2,7 +2,7 @@
 never stalls the loop and at most that many large images are decoded (and held in memory) at once.
 
 Handed over with asyncio's `run_in_executor`, which costs the loop less than anyio's `to_thread.run_sync`
-with a capacity limiter (its checkpoints, cancel scope and limiter; `bench/handoff_cost.py` measures both),
+with a capacity limiter (its checkpoints, cancel scope and limiter; docs/history.md has the measurement),
 and a request cancelled while it waits for a thread (its deadline passed) is dropped before it runs.
 
 The pool also says what is on its way to the model (serve/batching.py reads it): how many requests it holds

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson  # parses a JSON tensor's numbers about 5x faster than json (bench/protocol_json.py)
+import orjson  # parses a JSON tensor's numbers several times faster than json
 
 from contract.errors import ClientError
 from serve.json_body import not_json_numbers

@@ -3,7 +3,7 @@
 BentoML's own request metrics are turned off in the service's configuration (`metrics: {"enabled": False}`)
 for two measured reasons. They are labelled by the raw request path, so every unknown path a scanner sends
 would add series that live until the worker restarts; and its middleware looks up four labelled series by
-five values for every request (70 us of the event loop per request in process, `bench/stack_cost.py`). This
+five values for every request (tens of microseconds of the event loop each, docs/history.md). This
 middleware, added with `add_asgi_middleware`, keeps BentoML's series (`bentoml_service_request_total`,
 `..._request_duration_seconds`, `..._request_in_progress`, `..._last_request_timestamp_seconds`) with the same
 labels, counts a path the service does not serve under one constant (`UNKNOWN`), and looks each labelled
