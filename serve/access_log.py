@@ -1,14 +1,14 @@
 """The access log: BentoML's line for every request, made and written by a thread of its own.
 
-BentoML's AccessLogMiddleware builds its line and its log record on the event loop after each response, and
-hands it to the log's handlers there: about twice the loop's CPU of the request's own front door
-(docs/history.md). So the service turns BentoML's off in its configuration (`logging.access.enabled: false`)
-and adds `AccessLine` with `add_asgi_middleware`: the same line, logger, fields and skipped paths as BentoML's defaults, but the loop only hands over what the line is made of: the request's
-scope, the response's first message, the latency, the time, and the request's context, where BentoML's log
-filters read the trace ids. A writer thread makes the records, runs the filters inside that context, formats
-them and writes the lines of up to 50 ms at a time (one wake-up and one write each, not one per line). Past
-10,000 waiting lines (a blocked stdout: a log collector that stops reading) lines are dropped and counted,
-never the loop blocked, and the next line written says how many went.
+BentoML's AccessLogMiddleware builds its line and its log record on the event loop after each response, and hands it
+to the log's handlers there: about twice the loop's CPU of the request's own front door (docs/history.md). So the
+service turns BentoML's off in its configuration (`logging.access.enabled: false`) and adds `AccessLine` with
+`add_asgi_middleware`: the same line, logger, fields and skipped paths as BentoML's defaults, but the loop only
+hands over what the line is made of: the request's scope, the response's first message, the latency, the time, and
+the request's context, where BentoML's log filters read the trace ids. A writer thread makes the records, runs the
+filters inside that context, formats them and writes the lines of up to 50 ms at a time (one wake-up and one write
+each, not one per line). Past 10,000 waiting lines (a blocked stdout: a log collector that stops reading) lines are
+dropped and counted, never the loop blocked, and the next line written says how many went.
 
 Where BentoML has not configured its server logging (an app called in process), the line is logged on the spot.
 HANDOFF_ACCESS_LOG=0 leaves the middleware out.
