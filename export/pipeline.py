@@ -91,6 +91,29 @@ class ExportTask:
     job: Callable[[ExportRequest], Job]
 
 
+Check = tuple[str, str | None]  # a task's own check: its name, and why it failed (None: it passed)
+
+
+@dataclass(frozen=True)
+class OwnChecks:
+    """A task's checks beyond parity (a text model's tokenizer and padding), run on the written folder: the files
+    it added there and each check's outcome, recorded in the parity report under `key`."""
+
+    key: str
+    run: Callable[[Path], tuple[list[str], list[Check]]]
+
+
+def add_own_checks(report: dict[str, Any], key: str, checks: list[Check]) -> None:
+    """`checks` in the parity report and its printed table; one that failed fails the export."""
+    report[key] = [{"check": name, "pass": reason is None, "reason": reason} for name, reason in checks]
+    report["summary"] = [
+        *report["summary"],
+        *(f"  {name:<22} {'pass' if r is None else 'FAIL: ' + r}" for name, r in checks),
+    ]
+    if any(reason is not None for _, reason in checks) and report["pass"] is not False:
+        report["pass"] = False
+
+
 def tolerance_of(args: Any) -> Tolerance:
     default = DEFAULT_TOLERANCES["fp16" if args.fp16 else "fp32"]
     return Tolerance(
@@ -165,12 +188,13 @@ def write_tensor_export(
     tol: Tolerance,
     manifest: dict[str, Any],
     folder: Path,
+    own: OwnChecks | None = None,
 ) -> int:
-    """Write every format into `folder`, check each against the eager model, complete the manifest; the exit
-    status. A model ONNX cannot take is ValueError (exit 2, nothing kept): ONNX is what the service runs. A format
-    beside it that cannot be written, or that raises on a parity case (torch.export specialising a dimension the
-    example declared dynamic), is skipped with its reason in the table and the manifest, its files removed; a
-    numerical mismatch in any format fails the export."""
+    """Write every format into `folder`, check each against the eager model, run the task's `own` checks, complete the
+    manifest; the exit status. A model ONNX cannot take is ValueError (exit 2, nothing kept): ONNX is what the
+    service runs. A format beside it that cannot be written, or that raises on a parity case (torch.export
+    specialising a dimension the example declared dynamic), is skipped with its reason in the table and the
+    manifest, its files removed; a numerical mismatch in any format fails the export."""
     call = ExportCall(
         tuple(traceable(example).inputs.values()),
         model.input_names,
@@ -221,4 +245,9 @@ def write_tensor_export(
         batch_sizes=sorted({1, 2, example.rows}),
         not_checked=not_checked,
     )
-    return close_manifest(manifest, folder, [f for e in exported.values() for f in e["files"]])
+    files = [f for e in exported.values() for f in e["files"]]
+    if own is not None:
+        more, checks = own.run(folder)
+        files += more
+        add_own_checks(manifest["parity"], own.key, checks)
+    return close_manifest(manifest, folder, files)

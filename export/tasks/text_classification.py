@@ -26,15 +26,16 @@ import torch
 import torch.nn as nn
 from tokenizers import Tokenizer
 
-from contract.manifest import describe_artifacts, new_tensor_manifest, write_manifest
+from contract.manifest import new_tensor_manifest
 from contract.signature import TASK_TEXT_CLASSIFICATION
 from contract.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
 from export.job import Job, log_loading, origin_fields
 from export.parity import onnx_sessions
 from export.pipeline import (
-    EXIT_PARITY,
+    Check,
     ExportRequest,
     ExportTask,
+    OwnChecks,
     refuse_classifier_flags,
     tolerance_of,
     write_tensor_export,
@@ -202,11 +203,16 @@ def text_job(request: ExportRequest) -> Job:
         "hf": {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG},
     }
 
-    def write(out: Path) -> int:
-        status = write_tensor_export(wrapped, example, dynamic, formats, device, tolerance_of(args), manifest, out)
+    def text_checks(out: Path) -> tuple[list[str], list[Check]]:
         copied = _copy_tokenizer(tokenizer, model, out)
         checks = [_same_ids(tokenizer, served, texts, settings), *_padding_is_exact(served, texts, out, device, args)]
-        return _add_text_checks(manifest, out, copied, checks, status)
+        return copied, checks
+
+    def write(out: Path) -> int:
+        tol = tolerance_of(args)
+        return write_tensor_export(
+            wrapped, example, dynamic, formats, device, tol, manifest, out, OwnChecks("text", text_checks)
+        )
 
     return Job(manifest, write, f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer")
 
@@ -293,25 +299,6 @@ def _padding_is_exact(
             (f"padding ({provider})", f"a padded row differs from the text alone by {worst:.2e}" if failed else None)
         )
     return checks
-
-
-def _add_text_checks(
-    manifest: dict[str, Any], out: Path, copied: list[str], checks: list[tuple[str, str | None]], status: int
-) -> int:
-    """The tokenizer's files in the artifacts, the text checks in the parity report; the manifest rewritten."""
-    manifest["artifacts"] |= describe_artifacts(out, copied)
-    report = manifest["parity"]
-    report["text"] = [{"check": name, "pass": reason is None, "reason": reason} for name, reason in checks]
-    report["summary"] = [
-        *report["summary"],
-        *(f"  {name:<22} {'pass' if r is None else 'FAIL: ' + r}" for name, r in checks),
-    ]
-    if any(reason is not None for _, reason in checks) and report["pass"] is not False:
-        report["pass"] = False
-        manifest["status"] = "failed"
-        status = EXIT_PARITY
-    write_manifest(out, manifest)
-    return status
 
 
 TASK = ExportTask(TASK_TEXT_CLASSIFICATION, lambda request: request.hf is not None, text_job)
