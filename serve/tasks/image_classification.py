@@ -23,7 +23,6 @@ from contract.manifest import fast_decode_checked, fast_decode_passed, labels_of
 from contract.pil_transform import Preprocessor
 from contract.signature import TASK_IMAGE_CLASSIFICATION
 from serve.endpoint import Answer, Incoming, RouteSchema
-from serve.form import MAX_DIGITS, small_integer
 from serve.json_body import float32_rows, max_json_bytes, parse_json
 from serve.oip import IMAGE_INPUT, ServedTensor
 from serve.oip_codec import InferRequest, OutputTensor
@@ -64,10 +63,7 @@ class ImageClassification(ServedTask):
                 415,
             )
         only_params(request.params, {"top_k"})
-        asked = one_param(request.params, "top_k", "5")
-        if not small_integer(asked):
-            raise ClientError(f"top_k must be a whole number of at most {MAX_DIGITS} digits")
-        top_k = checked_top_k(asked)
+        top_k = checked_top_k(one_param(request.params, "top_k", "5"))
         array = await self.serving.decoders.run(self._prepare, request.body)
         outputs = await self.serving.batched(array[None])
         return Answer({"predictions": predictions(outputs, self.labels, top_k)})
