@@ -53,7 +53,7 @@ from contract.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E4
 from harness.server import BentoServer  # noqa: E402
 from harness.tiny_text import wordpiece_tokenizer  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
-from serve.tasks.text_classification import PaddedSequences  # noqa: E402
+from serve.tasks.texts import PaddedSequences  # noqa: E402
 
 CONCURRENCY = (1, 64)
 SIDES = ("ours", "ours_oip", "peer_batched")
@@ -133,7 +133,7 @@ class InProcessText:
 
     def run_grouped(self, batches: list[list[str]]) -> None:
         """Each batch as the service runs it: every text tokenized alone, the batch cut into calls of like lengths
-        (serve/tasks/text_classification.py, PaddedSequences.groups)."""
+        (serve/tasks/texts.py, PaddedSequences.groups)."""
         for batch in batches:
             parts = [self.tokenizer.encode([text]).rows for text in batch]
             for group in self.shape.groups(parts):

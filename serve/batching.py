@@ -86,7 +86,7 @@ def _size(rows: Rows) -> int:
 
 class SameShape:
     """How requests share a batch by default: only where every input agrees beyond the batch dimension (shape and
-    dtype), joined as they are. serve/tasks/text_classification.py's PaddedSequences is the other way: any length,
+    dtype), joined as they are. serve/tasks/texts.py's PaddedSequences is the other way: any length,
     padded."""
 
     def key(self, rows: Rows) -> tuple:

@@ -34,9 +34,6 @@ TOKENIZER_READS = (
     "chat_template.json",
 )
 TRAINER_CHECKPOINT = re.compile(r"checkpoint-([0-9]+)")  # ASCII digits: `checkpoint-٩٩` is no step
-HEADS = {  # the config's architecture suffix -> the Auto class that builds it
-    "ForSequenceClassification": "AutoModelForSequenceClassification",
-}
 NOT_SERVED_YET = {  # architectures people fine-tune that handoff recognises but does not serve yet
     "ForTokenClassification": "token classification (one label per token)",
 }
@@ -54,22 +51,15 @@ class HfCheckpoint:
     def architecture(self) -> str:
         return (self.config.get("architectures") or [""])[0]
 
-    @property
-    def head(self) -> str:
-        """The Auto class for the config's architecture; ValueError for a task handoff does not serve."""
-        for suffix, auto in HEADS.items():
-            if self.architecture.endswith(suffix):
-                return auto
+    def refusal(self, served: str) -> str:
+        """Why no export task takes this checkpoint, in one line; `served`: the architectures they take."""
         for suffix, task in NOT_SERVED_YET.items():
             if self.architecture.endswith(suffix):
-                raise ValueError(
+                return (
                     f"{self.config_dir / CONFIG}: {self.architecture} is {task}, which handoff does not export or "
-                    "serve yet; it exports sequence classifiers (*ForSequenceClassification)"
+                    f"serve yet; it exports {served}"
                 )
-        raise ValueError(
-            f"{self.config_dir / CONFIG}: architecture {self.architecture or '(none)'}; handoff exports "
-            "sequence classifiers (*ForSequenceClassification)"
-        )
+        return f"{self.config_dir / CONFIG}: architecture {self.architecture or '(none)'}; handoff exports {served}"
 
 
 def _newest_trainer_checkpoint(folder: Path) -> Path | None:

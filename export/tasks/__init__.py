@@ -22,6 +22,14 @@ TASKS: tuple[ExportTask, ...] = (
 )
 
 
+HF_ARCHITECTURES = "sequence classifiers (*ForSequenceClassification)"
+
+
 def task_for(request: ExportRequest) -> ExportTask:
-    """The first task that recognizes `request` (image classification takes whatever no other does)."""
-    return next(task for task in TASKS if task.recognizes(request))
+    """The first task that recognizes `request` (image classification takes any checkpoint but a Hugging Face
+    one); ValueError, in one line, for a Hugging Face checkpoint no task takes."""
+    for task in TASKS:
+        if task.recognizes(request):
+            return task
+    assert request.hf is not None
+    raise ValueError(request.hf.refusal(HF_ARCHITECTURES))

@@ -169,4 +169,4 @@ def classifier_job(request: ExportRequest) -> Job:
     )
 
 
-TASK = ExportTask(TASK_IMAGE_CLASSIFICATION, lambda request: True, classifier_job)
+TASK = ExportTask(TASK_IMAGE_CLASSIFICATION, lambda request: request.hf is None, classifier_job)

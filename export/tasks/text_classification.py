@@ -1,66 +1,25 @@
-"""Export a Hugging Face text classifier with its tokenizer: the checkpoint folder in, an export that takes text.
-
-The model is built from its config (export/readers/hf_checkpoint.py) and called with the token inputs its tokenizer
-makes (`input_ids`, `attention_mask`, and `token_type_ids` where the tokenizer gives them), giving `logits`.
-Its example is what the tokenizer makes of real texts of every length it can take, padded to the longest: the
-shortest (one word), sentences of several lengths, and one past the model's maximum length (truncated to it), so
-the tensor export's parity (export/tensor_parity.py: 1, 2 and all rows, the sequence cut short) runs on real token
-ids at both extremes and on a batch of mixed lengths. Two checks are a text model's own:
-- the served tokenizer (contract/tokenizer_spec.py, the `tokenizers` library) gives the very ids the training
-  tokenizer (transformers) gives, truncation included;
-- padding is exact: each sentence's logits in the padded batch equal its logits alone, in every artifact.
-The tokenizer's files and the model's config.json are copied into the export and hashed in the manifest.
+"""A Hugging Face text classifier (`*ForSequenceClassification`, a Trainer checkpoint or a save_pretrained folder;
+with --hf-config, a DDP state_dict, an Accelerate or a DCP folder), exported with its tokenizer: texts in, `logits`
+out, its labels from the config's `id2label`. export/hf_text.py builds it, proves it on real texts and checks the
+tokenizer; without a tokenizer anywhere it is exported as a model of token ids.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import shutil
-import tempfile
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
-from tokenizers import Tokenizer
 
-from contract.manifest import new_tensor_manifest
 from contract.signature import TASK_TEXT_CLASSIFICATION
-from contract.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
-from export.job import Job, log_loading, origin_fields
-from export.parity import onnx_sessions
-from export.pipeline import (
-    Check,
-    ExportRequest,
-    ExportTask,
-    OwnChecks,
-    refuse_classifier_flags,
-    tolerance_of,
-    write_tensor_export,
-)
-from export.provenance import Provenance, load_checked, trace
-from export.readers import read_source
-from export.readers.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files, tokenizer_folder
-from export.steps import timed
-from export.tensor_model import Example, describe, first_line
-from export.unwrap import Unwrapped, unwrap_keys
+from export.hf_text import LoadedText, hf_manifest, load_hf_text, load_tokenizer, tokenized_job
+from export.job import Job, log_loading
+from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of, write_tensor_export
+from export.readers.hf_checkpoint import CONFIG, HfCheckpoint, tokenizer_folder
+from export.tensor_model import Example, describe
 from train.class_names import check_class_names
 
 log = logging.getLogger("export")
-
-# What parity runs on: real sentences, short and long, so a padded batch holds rows of very different lengths.
-SENTENCES = (
-    "Great.",
-    "The film was a delight from start to finish, and the cast was superb.",
-    "I would not recommend this product to anyone.",
-    "The delivery was late, the box was damaged and nobody answered my emails for a week.",
-    "It works.",
-    "An honest, moving and beautifully shot story about a family that keeps going when everything falls apart.",
-)
-SHORTEST = "Ok"  # one word: the fewest tokens a text gives (the special tokens around it)
-TOKENIZER_COPIES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 class Logits(nn.Module):
@@ -74,159 +33,24 @@ class Logits(nn.Module):
         return {"logits": self.model(**inputs, return_dict=True).logits}
 
 
-def build_hf_model(
-    hf: HfCheckpoint, state: dict[str, torch.Tensor], trust_remote_code: bool, allow_partial: bool = False
-) -> tuple[Any, Unwrapped, Provenance]:
-    """The model the config describes, with every one of its tensors from the checkpoint (wrapper prefixes removed;
-    tied weights only where the model declares them), and its provenance (export/provenance.py)."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()  # its notes about training (the loss it would use) are not ours
-    if "auto_map" in hf.config and not trust_remote_code:
-        raise ValueError(
-            f"{hf.config_dir / CONFIG} needs the model's own code (auto_map), which would run code from that folder; "
-            "add --trust-remote-code if you trust it"
-        )
-    config = transformers.AutoConfig.from_pretrained(
-        hf.config_dir, trust_remote_code=trust_remote_code, local_files_only=True
-    )
-    model = getattr(transformers, hf.head).from_config(config, trust_remote_code=trust_remote_code)
-    unwrapped = unwrap_keys(state, set(model.state_dict()))
-    what = f"{hf.architecture} (as {hf.config_dir / CONFIG} describes it)"
-    loaded, tied = load_checked(model, unwrapped, what, allow_partial)
-    model = model.float().eval()
-    return model, unwrapped, trace(model, unwrapped, loaded, tied, what, allow_partial)
-
-
-def load_tokenizer(folder: Path, trust_remote_code: bool, vocab_size: int) -> Any:
-    """The training tokenizer, from files that are the folder's own, checked to fit a model of `vocab_size` ids."""
-    import transformers
-
-    check_own_files(folder, TOKENIZER_READS)
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            folder, local_files_only=True, trust_remote_code=trust_remote_code
-        )
-    except (OSError, ValueError, TypeError, KeyError) as err:
-        raise ValueError(f"the tokenizer in {folder} cannot be loaded: {first_line(err)}") from None
-    if getattr(tokenizer, "backend_tokenizer", None) is None:
-        raise ValueError(
-            f"the tokenizer in {folder} is a slow (Python) tokenizer with no tokenizer.json; the service runs the "
-            "tokenizers library: save it with use_fast=True"
-        )
-    _check_vocabulary(tokenizer, folder, vocab_size)
-    return tokenizer
-
-
-def _check_vocabulary(tokenizer: Any, folder: Path, vocab_size: int) -> None:
-    """ValueError for a tokenizer that is not the model's: ids past its embedding, or the parity sentences' words
-    mostly its unknown token (a tokenizer_config.json beside no vocabulary gives a 5-token tokenizer)."""
-    if len(tokenizer) > vocab_size:
-        raise ValueError(
-            f"the tokenizer in {folder} has {len(tokenizer)} tokens, more than the model's {vocab_size} embeddings: "
-            "it is not this model's tokenizer (--tokenizer DIR names another)"
-        )
-    try:
-        ids = [i for text in SENTENCES for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
-    except Exception as err:  # noqa: BLE001 - the tokenizers library's own words (no unknown token, ...)
-        raise ValueError(f"the tokenizer in {folder} cannot tokenize a sentence: {first_line(err)}") from None
-    unknown = sum(i == tokenizer.unk_token_id for i in ids) if tokenizer.unk_token_id is not None else 0
-    if not ids or unknown > len(ids) / 2:
-        raise ValueError(
-            f"the tokenizer in {folder} reads {unknown} of the {len(ids)} tokens of plain English sentences as its "
-            "unknown token: its vocabulary is missing or not this model's"
-        )
-
-
-def tokenizer_settings(tokenizer: Any, config: Any) -> TokenizerSettings:
-    limits = [n for n in (tokenizer.model_max_length, getattr(config, "max_position_embeddings", None)) if n]
-    max_length = min(n for n in limits if n < 10**6) if any(n < 10**6 for n in limits) else 512
-    inputs = tuple(n for n in ("input_ids", MASK, "token_type_ids") if n in tokenizer.model_input_names)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return TokenizerSettings(
-        TOKENIZER_JSON, max_length, pad_id, str(tokenizer.pad_token or ""), tokenizer.padding_side, inputs
-    )
-
-
-def _manifest(
-    hf: HfCheckpoint,
-    signature: Any,
-    dynamic: dict[str, tuple[int, ...]],
-    src: Any,
-    unwrapped: Unwrapped,
-    provenance: Provenance,
-    timings: dict[str, float],
-) -> dict[str, Any]:
-    """The manifest of any model, for this Hugging Face checkpoint (a text model adds its own fields)."""
-    origin = origin_fields(hf.weights, src, unwrapped, provenance)
-    return new_tensor_manifest(hf.architecture, signature, {n: list(d) for n, d in dynamic.items()}, origin, timings)
-
-
-def parity_texts(settings: TokenizerSettings) -> list[str]:
-    """The shortest text, the sentences, and one past the model's maximum length (truncation is checked too)."""
-    return [SHORTEST, *SENTENCES, " ".join(SENTENCES * (settings.max_length // 8 + 1))]
-
-
 def text_job(request: ExportRequest) -> Job:
-    args, hf, timings, device, formats = (
-        request.args,
-        request.hf,
-        request.timings,
-        request.device,
-        request.checked.formats,
-    )
+    args, hf = request.args, request.hf
     assert hf is not None  # TASK recognized it
     refuse_classifier_flags(args, "a Hugging Face text model")
-    with timed(timings, "load"):
-        src = read_source(hf.weights, trust_pickle=args.trust_pickle, ema=args.ema)
-        if hf.weights == hf.config_dir:  # Trainer's checkpoint-N or a save_pretrained folder
-            src.kind = "transformers"
-        model, unwrapped, provenance = build_hf_model(hf, src.state_dict, args.trust_remote_code, args.allow_partial)
+    loaded = load_hf_text(request, hf, "AutoModelForSequenceClassification")
     folder = tokenizer_folder(hf, args.tokenizer)
     if folder is None:
-        return _token_ids_job(args, hf, model, src, (unwrapped, provenance), formats, device, timings)
-    tokenizer = load_tokenizer(folder, args.trust_remote_code, int(model.config.vocab_size))
-    settings = tokenizer_settings(tokenizer, model.config)
-    served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
-    texts = parity_texts(settings)
-    example = Example({n: torch.from_numpy(a) for n, a in served.encode(texts).rows.items()}, keywords=True)
-    dynamic: dict[str, tuple[int, ...]] = {name: (1,) for name in settings.inputs}
-    signature, wrapped = describe(Logits(model), example, dynamic)
-    log_loading(src, unwrapped)
-    names = [model.config.id2label.get(i, i) for i in range(model.config.num_labels)]
+        return _token_ids_job(request, hf, loaded)
+    tokenizer = load_tokenizer(folder, args.trust_remote_code, int(loaded.model.config.vocab_size))
+    config = loaded.model.config
+    names = [config.id2label.get(i, i) for i in range(config.num_labels)]
     labels = check_class_names(names, f"{hf.config_dir / CONFIG}: id2label")
-    manifest = _manifest(hf, signature, dynamic, src, unwrapped, provenance, timings)
-    manifest |= {
-        "task": TASK_TEXT_CLASSIFICATION,
-        "labels": labels,
-        "tokenizer": settings.to_manifest(),
-        "hf": {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG},
-    }
-
-    def text_checks(out: Path) -> tuple[list[str], list[Check]]:
-        copied = _copy_tokenizer(tokenizer, model, out)
-        checks = [_same_ids(tokenizer, served, texts, settings), *_padding_is_exact(served, texts, out, device, args)]
-        return copied, checks
-
-    def write(out: Path) -> int:
-        tol = tolerance_of(args)
-        return write_tensor_export(
-            wrapped, example, dynamic, formats, device, tol, manifest, out, OwnChecks("text", text_checks)
-        )
-
-    return Job(manifest, write, f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer")
+    fields = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels}
+    described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer"
+    return tokenized_job(request, hf, loaded, tokenizer, Logits(loaded.model), fields, described)
 
 
-def _token_ids_job(
-    args: argparse.Namespace,
-    hf: HfCheckpoint,
-    model: Any,
-    src: Any,
-    loaded: tuple[Unwrapped, Provenance],
-    formats: list[str],
-    device: torch.device,
-    timings: dict[str, float],
-) -> Job:
+def _token_ids_job(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedText) -> Job:
     """No tokenizer anywhere: the model exported as any model is (`task` tensors), taking token ids. Its example is
     two rows of ids inside the vocabulary, the second padded (parity runs on them; nothing is tokenized)."""
     log.warning(
@@ -234,16 +58,16 @@ def _token_ids_job(
         "model that takes token ids, served on /predict and the protocol, not on /classify",
         hf.config_dir,
     )
-    vocabulary, length = int(model.config.vocab_size), 8
+    vocabulary, length = int(loaded.model.config.vocab_size), 8
     ids = (torch.arange(2 * length).reshape(2, length) * 7919 % (vocabulary - 1) + 1).long()
     mask = torch.ones_like(ids)
     mask[1, length // 2 :] = 0
     example = Example({"input_ids": ids, "attention_mask": mask}, keywords=True)
     dynamic: dict[str, tuple[int, ...]] = {"input_ids": (1,), "attention_mask": (1,)}
-    signature, wrapped = describe(Logits(model), example, dynamic)
-    log_loading(src, loaded[0])
-    manifest = _manifest(hf, signature, dynamic, src, *loaded, timings)
-    tol = tolerance_of(args)
+    signature, wrapped = describe(Logits(loaded.model), example, dynamic)
+    log_loading(loaded.src, loaded.unwrapped)
+    manifest = hf_manifest(hf, signature, dynamic, loaded.src, loaded.unwrapped, loaded.provenance, request.timings)
+    tol, formats, device = tolerance_of(request.args), request.checked.formats, request.device
     return Job(
         manifest,
         lambda out: write_tensor_export(wrapped, example, dynamic, formats, device, tol, manifest, out),
@@ -251,54 +75,8 @@ def _token_ids_job(
     )
 
 
-def _copy_tokenizer(tokenizer: Any, model: Any, out: Path) -> list[str]:
-    """The served tokenizer.json (with no padding or truncation of its own: the manifest says those), the training
-    tokenizer's other files and the model's config, into the export."""
-    with tempfile.TemporaryDirectory() as scratch:
-        tokenizer.save_pretrained(scratch)
-        copied = [name for name in TOKENIZER_COPIES if (Path(scratch) / name).is_file()]
-        for name in copied:
-            shutil.copyfile(Path(scratch) / name, out / name)
-    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # a copy: the training tokenizer stays as is
-    backend.no_padding()
-    backend.no_truncation()
-    (out / TOKENIZER_JSON).write_text(backend.to_str())
-    model.config.to_json_file(out / CONFIG)
-    return [TOKENIZER_JSON, *copied, CONFIG]
+def is_sequence_classifier(request: ExportRequest) -> bool:
+    return request.hf is not None and request.hf.architecture.endswith("ForSequenceClassification")
 
 
-def _same_ids(
-    tokenizer: Any, served: TextTokenizer, texts: list[str], settings: TokenizerSettings
-) -> tuple[str, str | None]:
-    """The served tokenizer against the training one, on every parity text (one past the maximum length too)."""
-    ours = served.tokenizer.encode_batch(texts)
-    for text, encoding in zip(texts, ours, strict=True):
-        theirs = tokenizer(text, truncation=True, max_length=settings.max_length)["input_ids"]
-        if list(encoding.ids) != list(theirs):
-            return "tokenizer", f"the served tokenizer's ids differ from transformers' for {text[:40]!r}"
-    return "tokenizer", None
-
-
-def _padding_is_exact(
-    served: TextTokenizer, texts: list[str], out: Path, device: torch.device, args: argparse.Namespace
-) -> list[tuple[str, str | None]]:
-    """In each ONNX session: every text's logits in the padded batch against its logits alone."""
-    tol = tolerance_of(args)
-    batch = served.encode(texts).rows
-    checks = []
-    for provider, _, session in onnx_sessions(out / "model.onnx", device):
-        names = [i.name for i in session.get_inputs()]
-        together = session.run(None, {n: batch[n] for n in names})[0]
-        worst = 0.0
-        for row, text in enumerate(texts):
-            alone = session.run(None, {n: a for n, a in served.encode([text]).rows.items() if n in names})[0]
-            worst = max(worst, float(np.abs(together[row] - alone[0]).max()))
-        scale = float(np.abs(together).max())
-        failed = worst > tol.atol + tol.rtol * scale
-        checks.append(
-            (f"padding ({provider})", f"a padded row differs from the text alone by {worst:.2e}" if failed else None)
-        )
-    return checks
-
-
-TASK = ExportTask(TASK_TEXT_CLASSIFICATION, lambda request: request.hf is not None, text_job)
+TASK = ExportTask(TASK_TEXT_CLASSIFICATION, is_sequence_classifier, text_job)

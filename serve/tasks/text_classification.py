@@ -25,58 +25,16 @@ import orjson
 from contract.errors import ClientError
 from contract.manifest import labels_of, read_artifact
 from contract.signature import TASK_TEXT_CLASSIFICATION
-from contract.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
+from contract.tokenizer_spec import Encoded, TextTokenizer, TokenizerSettings
 from serve.endpoint import Answer, Incoming, RouteSchema
 from serve.oip import TEXT_INPUT, ServedTensor
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.tasks.base import ServedTask, Serving, checked_top_k
 from serve.tasks.ranking import PREDICTIONS, classifier_outputs, predictions, ranked, with_probabilities
+from serve.tasks.texts import PaddedSequences, checked_text, texts_of_elements
 from serve.tensor_inputs import check_rows
 
 TEXT_TYPES = ("application/json", "text/plain")  # /classify's bodies for a text
-
-PADDED_SHARE = 0.25  # a call's padding at most a quarter of its real tokens
-
-
-class PaddedSequences:
-    """serve/batching.py's batch shape for token inputs: any lengths share a batch, padded to the longest (the
-    pad token's id, a zero mask), up to `max_tokens` padded tokens in all."""
-
-    def __init__(self, settings: TokenizerSettings, max_tokens: int | None = None) -> None:
-        self.settings = settings
-        self.max_tokens = max_tokens
-
-    def key(self, rows: Any) -> tuple:
-        return ()
-
-    def join(self, parts: list[Any]) -> dict[str, np.ndarray]:
-        return pad_to_longest(parts, self.settings)
-
-    def fits(self, parts: list[Any], more: Any) -> bool:
-        if self.max_tokens is None:
-            return True
-        rows = sum(p[MASK].shape[0] for p in parts) + more[MASK].shape[0]
-        longest = max(more[MASK].shape[1], *(p[MASK].shape[1] for p in parts))
-        return rows * longest <= self.max_tokens
-
-    def groups(self, parts: list[Any]) -> list[list[int]]:
-        """The batch sorted by length and cut where padding would pass PADDED_SHARE of a call's tokens: a 10-token
-        text padded to 80 costs the model what an 80-token one does (attention more), so mixed lengths in one call
-        cost up to twice their tokens (bench/text_serving.py: 0.49 x the limit at c=64 in one call, see
-        docs/text.md)."""
-        order = sorted(range(len(parts)), key=lambda i: parts[i][MASK].shape[1])
-        groups: list[list[int]] = []
-        tokens = rows = 0
-        for i in order:
-            part_rows, length = parts[i][MASK].shape
-            real = int(parts[i][MASK].sum())
-            if not groups or (rows + part_rows) * length > (1 + PADDED_SHARE) * (tokens + real):
-                groups.append([])
-                tokens = rows = 0
-            groups[-1].append(i)
-            tokens += real
-            rows += part_rows
-        return groups
 
 
 def texts_of_body(body: bytes, content_type: str, max_chars: int) -> tuple[str, dict[str, Any]]:
@@ -95,28 +53,6 @@ def texts_of_body(body: bytes, content_type: str, max_chars: int) -> tuple[str, 
     if not isinstance(document, dict) or "text" not in document or set(document) - {"text", "top_k"}:
         raise ClientError('expected a JSON object {"text": "...", "top_k": K}, top_k optional')
     return checked_text(document["text"], max_chars, '"text"'), {k: v for k, v in document.items() if k != "text"}
-
-
-def checked_text(text: Any, max_chars: int, what: str) -> str:
-    if not isinstance(text, str):
-        raise ClientError(f"{what} must be a string, not {type(text).__name__}")
-    if not text.strip():
-        raise ClientError(f"{what} is empty: send the text to classify")
-    if len(text) > max_chars:
-        raise ClientError(f"{what} holds {len(text)} characters; at most {max_chars} (HANDOFF_MAX_TEXT_CHARS)", 413)
-    return text
-
-
-def texts_of_elements(elements: list[bytes], max_chars: int) -> list[str]:
-    """The protocol's BYTES elements as texts: each UTF-8, not empty, not too long."""
-    texts = []
-    for index, element in enumerate(elements):
-        try:
-            text = element.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ClientError(f"{TEXT_INPUT}[{index}] is not valid UTF-8 (byte {err.start})") from None
-        texts.append(checked_text(text, max_chars, f"{TEXT_INPUT}[{index}]"))
-    return texts
 
 
 class TextClassification(ServedTask):

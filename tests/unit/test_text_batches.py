@@ -11,7 +11,8 @@ import pytest
 from contract.errors import ClientError
 from contract.tokenizer_spec import TokenizerSettings, pad_to_longest
 from serve.batching import ModelBatcher
-from serve.tasks.text_classification import PaddedSequences, texts_of_body, texts_of_elements
+from serve.tasks.text_classification import texts_of_body
+from serve.tasks.texts import PaddedSequences, texts_of_elements
 
 SETTINGS = TokenizerSettings("tokenizer.json", 8, 0, "[PAD]", "right", ("input_ids", "attention_mask"))
 

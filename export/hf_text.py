@@ -1,0 +1,262 @@
+"""What the Hugging Face text tasks share (export/tasks/text_classification.py, text_embedding.py): the model built
+from its config with every tensor from the checkpoint, the training tokenizer and its settings for the service, the
+texts parity runs on, and a text model's own checks.
+
+The model is called with the token inputs its tokenizer makes (`input_ids`, `attention_mask`, and
+`token_type_ids` where the tokenizer gives them). Its example is what the tokenizer makes of real texts of every
+length it can take, padded to the longest: the shortest (one word), sentences of several lengths, and one past the
+model's maximum length (truncated to it), so the tensor export's parity (export/tensor_parity.py: 1, 2 and all rows,
+the sequence cut short) runs on real token ids at both extremes and on a batch of mixed lengths. Two checks are a
+text model's own:
+- the served tokenizer (contract/tokenizer_spec.py, the `tokenizers` library) gives the very ids the training
+  tokenizer (transformers) gives, truncation included;
+- padding is exact: each text's outputs in the padded batch equal its outputs alone, in every artifact.
+The tokenizer's files and the model's config.json are copied into the export and hashed in the manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tokenizers import Tokenizer
+
+from contract.manifest import new_tensor_manifest
+from contract.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
+from export.job import Job, log_loading, origin_fields
+from export.parity import onnx_sessions
+from export.pipeline import Check, ExportRequest, OwnChecks, tolerance_of, write_tensor_export
+from export.provenance import Provenance, load_checked, trace
+from export.readers import Source, read_source
+from export.readers.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files
+from export.steps import timed
+from export.tensor_model import Example, describe, first_line
+from export.unwrap import Unwrapped, unwrap_keys
+
+# What parity runs on: real sentences, short and long, so a padded batch holds rows of very different lengths.
+SENTENCES = (
+    "Great.",
+    "The film was a delight from start to finish, and the cast was superb.",
+    "I would not recommend this product to anyone.",
+    "The delivery was late, the box was damaged and nobody answered my emails for a week.",
+    "It works.",
+    "An honest, moving and beautifully shot story about a family that keeps going when everything falls apart.",
+)
+SHORTEST = "Ok"  # one word: the fewest tokens a text gives (the special tokens around it)
+TOKENIZER_COPIES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+@dataclass(frozen=True)
+class LoadedText:
+    """A Hugging Face text model read from its checkpoint: the model, where its weights came from, and how."""
+
+    model: Any
+    src: Source
+    unwrapped: Unwrapped
+    provenance: Provenance
+
+
+def load_hf_text(request: ExportRequest, hf: HfCheckpoint, auto_class: str) -> LoadedText:
+    """The checkpoint's weights read (`hf.weights`) and loaded into the model `auto_class` builds from the config."""
+    args = request.args
+    with timed(request.timings, "load"):
+        src = read_source(hf.weights, trust_pickle=args.trust_pickle, ema=args.ema)
+        if hf.weights == hf.config_dir:  # Trainer's checkpoint-N or a save_pretrained folder
+            src.kind = "transformers"
+        model, unwrapped, provenance = build_hf_model(
+            hf, src.state_dict, auto_class, args.trust_remote_code, args.allow_partial
+        )
+    return LoadedText(model, src, unwrapped, provenance)
+
+
+def build_hf_model(
+    hf: HfCheckpoint,
+    state: dict[str, torch.Tensor],
+    auto_class: str,
+    trust_remote_code: bool,
+    allow_partial: bool = False,
+) -> tuple[Any, Unwrapped, Provenance]:
+    """The model the config describes, with every one of its tensors from the checkpoint (wrapper prefixes removed;
+    tied weights only where the model declares them), and its provenance (export/provenance.py)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # its notes about training (the loss it would use) are not ours
+    if "auto_map" in hf.config and not trust_remote_code:
+        raise ValueError(
+            f"{hf.config_dir / CONFIG} needs the model's own code (auto_map), which would run code from that folder; "
+            "add --trust-remote-code if you trust it"
+        )
+    config = transformers.AutoConfig.from_pretrained(
+        hf.config_dir, trust_remote_code=trust_remote_code, local_files_only=True
+    )
+    model = getattr(transformers, auto_class).from_config(config, trust_remote_code=trust_remote_code)
+    unwrapped = unwrap_keys(state, set(model.state_dict()))
+    what = f"{hf.architecture} (as {hf.config_dir / CONFIG} describes it)"
+    loaded, tied = load_checked(model, unwrapped, what, allow_partial)
+    model = model.float().eval()
+    return model, unwrapped, trace(model, unwrapped, loaded, tied, what, allow_partial)
+
+
+def load_tokenizer(folder: Path, trust_remote_code: bool, vocab_size: int) -> Any:
+    """The training tokenizer, from files that are the folder's own, checked to fit a model of `vocab_size` ids."""
+    import transformers
+
+    check_own_files(folder, TOKENIZER_READS)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"the tokenizer in {folder} cannot be loaded: {first_line(err)}") from None
+    if getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise ValueError(
+            f"the tokenizer in {folder} is a slow (Python) tokenizer with no tokenizer.json; the service runs the "
+            "tokenizers library: save it with use_fast=True"
+        )
+    _check_vocabulary(tokenizer, folder, vocab_size)
+    return tokenizer
+
+
+def _check_vocabulary(tokenizer: Any, folder: Path, vocab_size: int) -> None:
+    """ValueError for a tokenizer that is not the model's: ids past its embedding, or the parity sentences' words
+    mostly its unknown token (a tokenizer_config.json beside no vocabulary gives a 5-token tokenizer)."""
+    if len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"the tokenizer in {folder} has {len(tokenizer)} tokens, more than the model's {vocab_size} embeddings: "
+            "it is not this model's tokenizer (--tokenizer DIR names another)"
+        )
+    try:
+        ids = [i for text in SENTENCES for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    except Exception as err:  # noqa: BLE001 - the tokenizers library's own words (no unknown token, ...)
+        raise ValueError(f"the tokenizer in {folder} cannot tokenize a sentence: {first_line(err)}") from None
+    unknown = sum(i == tokenizer.unk_token_id for i in ids) if tokenizer.unk_token_id is not None else 0
+    if not ids or unknown > len(ids) / 2:
+        raise ValueError(
+            f"the tokenizer in {folder} reads {unknown} of the {len(ids)} tokens of plain English sentences as its "
+            "unknown token: its vocabulary is missing or not this model's"
+        )
+
+
+def tokenizer_settings(tokenizer: Any, config: Any) -> TokenizerSettings:
+    limits = [n for n in (tokenizer.model_max_length, getattr(config, "max_position_embeddings", None)) if n]
+    max_length = min(n for n in limits if n < 10**6) if any(n < 10**6 for n in limits) else 512
+    inputs = tuple(n for n in ("input_ids", MASK, "token_type_ids") if n in tokenizer.model_input_names)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return TokenizerSettings(
+        TOKENIZER_JSON, max_length, pad_id, str(tokenizer.pad_token or ""), tokenizer.padding_side, inputs
+    )
+
+
+def hf_manifest(
+    hf: HfCheckpoint,
+    signature: Any,
+    dynamic: dict[str, tuple[int, ...]],
+    src: Any,
+    unwrapped: Unwrapped,
+    provenance: Provenance,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """The manifest of any model, for this Hugging Face checkpoint (a text model adds its own fields)."""
+    origin = origin_fields(hf.weights, src, unwrapped, provenance)
+    return new_tensor_manifest(hf.architecture, signature, {n: list(d) for n, d in dynamic.items()}, origin, timings)
+
+
+def parity_texts(settings: TokenizerSettings) -> list[str]:
+    """The shortest text, the sentences, and one past the model's maximum length (truncation is checked too)."""
+    return [SHORTEST, *SENTENCES, " ".join(SENTENCES * (settings.max_length // 8 + 1))]
+
+
+def tokenized_job(
+    request: ExportRequest,
+    hf: HfCheckpoint,
+    loaded: LoadedText,
+    tokenizer: Any,
+    wrapper: nn.Module,
+    fields: dict[str, Any],
+    described: str,
+) -> Job:
+    """The export of a text model that takes what `tokenizer` makes: `wrapper` (the model, giving its outputs by
+    name) described and proved on the parity texts, the task's manifest `fields` added, the tokenizer checked and
+    copied into the export."""
+    args, device = request.args, request.device
+    settings = tokenizer_settings(tokenizer, loaded.model.config)
+    served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
+    texts = parity_texts(settings)
+    example = Example({n: torch.from_numpy(a) for n, a in served.encode(texts).rows.items()}, keywords=True)
+    dynamic: dict[str, tuple[int, ...]] = {name: (1,) for name in settings.inputs}
+    signature, wrapped = describe(wrapper, example, dynamic)
+    log_loading(loaded.src, loaded.unwrapped)
+    manifest = hf_manifest(hf, signature, dynamic, loaded.src, loaded.unwrapped, loaded.provenance, request.timings)
+    manifest |= fields | {
+        "tokenizer": settings.to_manifest(),
+        "hf": {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG},
+    }
+
+    def text_checks(out: Path) -> tuple[list[str], list[Check]]:
+        copied = copy_tokenizer(tokenizer, loaded.model, out)
+        checks = [same_ids(tokenizer, served, texts, settings), *padding_is_exact(served, texts, out, device, args)]
+        return copied, checks
+
+    def write(out: Path) -> int:
+        own = OwnChecks("text", text_checks)
+        formats, tol = request.checked.formats, tolerance_of(args)
+        return write_tensor_export(wrapped, example, dynamic, formats, device, tol, manifest, out, own)
+
+    return Job(manifest, write, described)
+
+
+def copy_tokenizer(tokenizer: Any, model: Any, out: Path) -> list[str]:
+    """The served tokenizer.json (with no padding or truncation of its own: the manifest says those), the training
+    tokenizer's other files and the model's config, into the export."""
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer.save_pretrained(scratch)
+        copied = [name for name in TOKENIZER_COPIES if (Path(scratch) / name).is_file()]
+        for name in copied:
+            shutil.copyfile(Path(scratch) / name, out / name)
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # a copy: the training tokenizer stays as is
+    backend.no_padding()
+    backend.no_truncation()
+    (out / TOKENIZER_JSON).write_text(backend.to_str())
+    model.config.to_json_file(out / CONFIG)
+    return [TOKENIZER_JSON, *copied, CONFIG]
+
+
+def same_ids(
+    tokenizer: Any, served: TextTokenizer, texts: list[str], settings: TokenizerSettings
+) -> tuple[str, str | None]:
+    """The served tokenizer against the training one, on every parity text (one past the maximum length too)."""
+    ours = served.tokenizer.encode_batch(texts)
+    for text, encoding in zip(texts, ours, strict=True):
+        theirs = tokenizer(text, truncation=True, max_length=settings.max_length)["input_ids"]
+        if list(encoding.ids) != list(theirs):
+            return "tokenizer", f"the served tokenizer's ids differ from transformers' for {text[:40]!r}"
+    return "tokenizer", None
+
+
+def padding_is_exact(
+    served: TextTokenizer, texts: list[str], out: Path, device: torch.device, args: argparse.Namespace
+) -> list[tuple[str, str | None]]:
+    """In each ONNX session: every text's first output in the padded batch against its output alone."""
+    tol = tolerance_of(args)
+    batch = served.encode(texts).rows
+    checks = []
+    for provider, _, session in onnx_sessions(out / "model.onnx", device):
+        names = [i.name for i in session.get_inputs()]
+        together = session.run(None, {n: batch[n] for n in names})[0]
+        worst = 0.0
+        for row, text in enumerate(texts):
+            alone = session.run(None, {n: a for n, a in served.encode([text]).rows.items() if n in names})[0]
+            worst = max(worst, float(np.abs(together[row] - alone[0]).max()))
+        scale = float(np.abs(together).max())
+        failed = worst > tol.atol + tol.rtol * scale
+        checks.append(
+            (f"padding ({provider})", f"a padded row differs from the text alone by {worst:.2e}" if failed else None)
+        )
+    return checks
