@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,15 +64,18 @@ class LoadedText:
     provenance: Provenance
 
 
-def load_hf_text(request: ExportRequest, hf: HfCheckpoint, auto_class: str) -> LoadedText:
-    """The checkpoint's weights read (`hf.weights`) and loaded into the model `auto_class` builds from the config."""
+def load_hf_text(
+    request: ExportRequest, hf: HfCheckpoint, auto_class: str, fit: Callable[[Any, set[str]], None] | None = None
+) -> LoadedText:
+    """The checkpoint's weights read (`hf.weights`) and loaded into the model `auto_class` builds from the config;
+    `fit(model, keys)` may first drop a part of the model the task does not use and the checkpoint does not hold."""
     args = request.args
     with timed(request.timings, "load"):
         src = read_source(hf.weights, trust_pickle=args.trust_pickle, ema=args.ema)
         if hf.weights == hf.config_dir:  # Trainer's checkpoint-N or a save_pretrained folder
             src.kind = "transformers"
         model, unwrapped, provenance = build_hf_model(
-            hf, src.state_dict, auto_class, args.trust_remote_code, args.allow_partial
+            hf, src.state_dict, auto_class, args.trust_remote_code, args.allow_partial, fit
         )
     return LoadedText(model, src, unwrapped, provenance)
 
@@ -82,6 +86,7 @@ def build_hf_model(
     auto_class: str,
     trust_remote_code: bool,
     allow_partial: bool = False,
+    fit: Callable[[Any, set[str]], None] | None = None,
 ) -> tuple[Any, Unwrapped, Provenance]:
     """The model the config describes, with every one of its tensors from the checkpoint (wrapper prefixes removed;
     tied weights only where the model declares them), and its provenance (export/provenance.py)."""
@@ -97,6 +102,8 @@ def build_hf_model(
         hf.config_dir, trust_remote_code=trust_remote_code, local_files_only=True
     )
     model = getattr(transformers, auto_class).from_config(config, trust_remote_code=trust_remote_code)
+    if fit is not None:
+        fit(model, set(unwrap_keys(state, set(model.state_dict())).state_dict))
     unwrapped = unwrap_keys(state, set(model.state_dict()))
     what = f"{hf.architecture} (as {hf.config_dir / CONFIG} describes it)"
     loaded, tied = load_checked(model, unwrapped, what, allow_partial)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 from bentoml import get_current_service  # resolved once: `bentoml.get_current_service` imports it on every use
 
-from serve.endpoint import BENTOML, HANDOFF, Answer, Endpoint, Handler, Incoming, openapi_document
+from serve.endpoint import BENTOML, HANDOFF, JSON_OBJECT, Answer, Endpoint, Handler, Incoming, openapi_document
 from serve.front_door import MULTIPART, BodyRoute
 from serve.oip import ProtocolSurface
 from serve.page import PAGE, PAGE_HEADERS
@@ -142,6 +142,28 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             request=IMAGE_REQUEST,
             query=({"name": "format", "in": "query", "required": False, "schema": {"enum": ["png", "json"]}},),
             answer=("image/png", {}),
+            errors=(400, 404, 408, 413, 415, 429, 503),
+        ),
+        Endpoint(
+            "POST",
+            "/embed",
+            "a sentence encoder's vectors, as text-embeddings-inference answers: "
+            '{"inputs": text or [texts], "normalize": true, "truncate": false} -> [[...], ...]',
+            HANDOFF,
+            task_route("/embed"),
+            BodyRoute(frozenset({"application/json"})),
+            request={"application/json": {"schema": JSON_OBJECT}},
+            errors=(400, 404, 408, 413, 415, 429, 503),
+        ),
+        Endpoint(
+            "POST",
+            "/v1/embeddings",
+            "a sentence encoder's vectors, as OpenAI's embeddings API answers: "
+            '{"input": text or [texts], "model": ...} -> {"object": "list", "data": [...], "usage": ...}',
+            HANDOFF,
+            task_route("/v1/embeddings"),
+            BodyRoute(frozenset({"application/json"})),
+            request={"application/json": {"schema": JSON_OBJECT}},
             errors=(400, 404, 408, 413, 415, 429, 503),
         ),
         Endpoint(

@@ -2,27 +2,35 @@
 supplies its model (rebuilt and loaded with provenance), its example inputs, its signature, its manifest fields and
 its own checks; export/pipeline.py holds the steps they share and export/run.py the whole.
 
-A request goes to the first task that recognizes it, so the order matters: an example names the user's own model;
-a Hugging Face folder a text model; an architecture a detector or a segmenter; anything else is an image classifier.
-Adding a task: its module here (a `TASK = ExportTask(...)`), one line below, its module under serve/tasks/, a docs
-page and its tests (docs/design.md, "Adding a task").
+A request goes to the first task that recognizes it, so the order matters: an example names the user's own model; a
+Hugging Face folder a text classifier or a sentence encoder; an architecture a detector or a segmenter; anything
+else is an image classifier. Adding a task: its module here (a `TASK = ExportTask(...)`), one line below, its module
+under serve/tasks/, a docs page and its tests (docs/design.md, "Adding a task").
 """
 
 from __future__ import annotations
 
 from export.pipeline import ExportRequest, ExportTask
-from export.tasks import image_classification, object_detection, semantic_segmentation, tensors, text_classification
+from export.tasks import (
+    image_classification,
+    object_detection,
+    semantic_segmentation,
+    tensors,
+    text_classification,
+    text_embedding,
+)
 
 TASKS: tuple[ExportTask, ...] = (
     tensors.TASK,
     text_classification.TASK,
+    text_embedding.TASK,
     object_detection.TASK,
     semantic_segmentation.TASK,
     image_classification.TASK,
 )
 
 
-HF_ARCHITECTURES = "sequence classifiers (*ForSequenceClassification)"
+HF_ARCHITECTURES = "sequence classifiers (*ForSequenceClassification) and sentence encoders (*Model)"
 
 
 def task_for(request: ExportRequest) -> ExportTask:

@@ -16,10 +16,18 @@ from serve.tasks.object_detection import ObjectDetection
 from serve.tasks.semantic_segmentation import SemanticSegmentation
 from serve.tasks.tensors import Tensors
 from serve.tasks.text_classification import TextClassification
+from serve.tasks.text_embedding import TextEmbedding
 
 TASKS: dict[str, type[ServedTask]] = {
     task.name: task
-    for task in (ImageClassification, TextClassification, ObjectDetection, SemanticSegmentation, Tensors)
+    for task in (
+        ImageClassification,
+        TextClassification,
+        TextEmbedding,
+        ObjectDetection,
+        SemanticSegmentation,
+        Tensors,
+    )
 }
 
 

@@ -1,0 +1,192 @@
+"""A sentence encoder's serving side: texts in, one vector each out, pooled (and normalised) inside the graph
+(export/tasks/text_embedding.py).
+
+- POST /embed, as text-embeddings-inference answers it: `{"inputs": "text" | ["text", ...], "normalize": true,
+  "truncate": false}` -> `[[...], ...]`, one vector per text. A text longer than the model's maximum is refused
+  (413) unless `truncate` is true, as there; `normalize` (true by default) scales each vector to unit length
+  where the model does not already;
+- POST /v1/embeddings, as OpenAI's embeddings API answers it: `{"input": "text" | ["text", ...], "model": ...,
+  "encoding_format": "float" | "base64"}` -> `{"object": "list", "data": [{"object": "embedding", "index",
+  "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}`, unit vectors, texts truncated;
+- POST /predict: token ids by name, as any model's inputs;
+- the protocol: `text` (BYTES [N]: UTF-8 texts) in, `embeddings` (FP32 [N, D]) out.
+
+A request's texts are tokenized together in a decoding thread and share the model's call with other requests'
+(`PaddedSequences`: any lengths, padded; the export proved padding changes no vector).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import orjson
+
+from contract.errors import ClientError
+from contract.manifest import read_artifact
+from contract.signature import TASK_TEXT_EMBEDDING
+from contract.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings
+from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.json_body import parse_json
+from serve.oip import TEXT_INPUT, ServedTensor, select_outputs
+from serve.oip_codec import InferRequest, OutputTensor
+from serve.tasks.base import ServedTask, Serving, only_params
+from serve.tasks.texts import PaddedSequences, checked_text, texts_of_elements
+from serve.tensor_inputs import check_rows
+
+ENCODINGS = ("float", "base64")
+VECTORS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
+TEXTS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+
+
+class TextEmbedding(ServedTask):
+    name = TASK_TEXT_EMBEDDING
+    routes = ("/embed", "/v1/embeddings", "/predict")
+
+    def __init__(self, serving: Serving) -> None:
+        super().__init__(serving)
+        settings = TokenizerSettings.from_manifest(self.manifest["tokenizer"])
+        tokenizer_json = read_artifact(serving.folder, self.manifest, self.manifest["tokenizer"]["file"])
+        self.tokenizer = TextTokenizer(tokenizer_json, settings)
+        self.embedding: dict[str, Any] = self.manifest["embedding"]
+        self.max_chars = self.config.max_text_chars
+        self.batch_shape = PaddedSequences(settings, max(self.config.max_batch_tokens, settings.max_length))
+
+    async def answer(self, route: str, request: Incoming) -> Answer:
+        if route == "/predict":
+            return await self.predict_named(request)
+        only_params(request.params, set())
+        parse = self._embed_request if route == "/embed" else self._openai_request
+        texts, options = await self.serving.decoders.run(parse, request.body)
+        encoded = await self.serving.decoders.run(self.tokenizer.encode, texts)
+        if not options["truncate"] and any(encoded.truncated):
+            first = encoded.truncated.index(True)
+            raise ClientError(
+                f"text {first} has more tokens than the model's {self.tokenizer.settings.max_length}; send "
+                '"truncate": true to embed its beginning',
+                413,
+            )
+        vectors = (await self.serving.batched(encoded.rows))["embeddings"]
+        if options["normalize"] and not self.embedding["normalized"]:
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        if route == "/embed":
+            return Answer(
+                orjson.dumps(np.ascontiguousarray(vectors, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY)
+            )
+        return Answer(self._openai_answer(vectors, encoded, options["encoding_format"], options["model"]))
+
+    def _texts(self, value: Any, field: str) -> list[str]:
+        """A text or a list of texts (1 to HANDOFF_MAX_BATCH_SIZE), each checked as /classify checks one."""
+        texts = [value] if isinstance(value, str) else value
+        if not isinstance(texts, list) or not texts:
+            raise ClientError(f'"{field}" must be a text or a list of texts')
+        check_rows(len(texts), self.config.max_batch_size)
+        return [checked_text(text, self.max_chars, f"{field}[{i}]") for i, text in enumerate(texts)]
+
+    def _embed_request(self, body: bytes) -> tuple[list[str], dict[str, Any]]:
+        document = parse_json(body)
+        if not isinstance(document, dict) or "inputs" not in document:
+            raise ClientError('expected a JSON object {"inputs": "text" or ["text", ...]}')
+        unknown = sorted(set(document) - {"inputs", "normalize", "truncate"})
+        if unknown:
+            raise ClientError(f"unknown field(s) {', '.join(unknown)}; /embed takes inputs, normalize, truncate")
+        options = {"normalize": document.get("normalize", True), "truncate": document.get("truncate", False)}
+        if not all(isinstance(value, bool) for value in options.values()):
+            raise ClientError('"normalize" and "truncate" must be true or false')
+        return self._texts(document["inputs"], "inputs"), options
+
+    def _openai_request(self, body: bytes) -> tuple[list[str], dict[str, Any]]:
+        document = parse_json(body)
+        if not isinstance(document, dict) or "input" not in document:
+            raise ClientError('expected a JSON object {"input": "text" or ["text", ...], "model": "..."}')
+        unknown = sorted(set(document) - {"input", "model", "encoding_format", "dimensions", "user"})
+        if unknown:
+            raise ClientError(f"unknown field(s) {', '.join(unknown)}; /v1/embeddings takes input, model, ...")
+        encoding = document.get("encoding_format", "float")
+        if encoding not in ENCODINGS:
+            raise ClientError(f"encoding_format must be {' or '.join(ENCODINGS)}")
+        dimensions = document.get("dimensions", self.embedding["dimensions"])
+        if dimensions != self.embedding["dimensions"]:
+            raise ClientError(f"dimensions: this model's vectors have {self.embedding['dimensions']}, no other")
+        model = document.get("model", self.config.model_name)
+        if not isinstance(model, str):
+            raise ClientError('"model" must be a string')
+        options = {"normalize": True, "truncate": True, "encoding_format": encoding, "model": model[:200]}
+        return self._texts(document["input"], "input"), options
+
+    @staticmethod
+    def _openai_answer(vectors: np.ndarray, encoded: Encoded, encoding: str, model: str) -> dict[str, Any]:
+        tokens = int(encoded.rows[MASK].sum())
+        rows = np.ascontiguousarray(vectors, dtype="<f4")
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": base64.b64encode(row.tobytes()).decode() if encoding == "base64" else row.tolist(),
+            }
+            for i, row in enumerate(rows)
+        ]
+        return {
+            "object": "list",
+            "data": data,
+            "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    def encode_elements(self, elements: list[bytes]) -> Encoded:
+        return self.tokenizer.encode(texts_of_elements(elements, self.max_chars))
+
+    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
+        """Texts in (tokenized by the service), their vectors out."""
+        _, outputs = super().protocol_tensors()
+        return [ServedTensor(TEXT_INPUT, "BYTES", (-1,))], outputs
+
+    async def infer(self, request: InferRequest) -> list[OutputTensor]:
+        texts = request.inputs.get(TEXT_INPUT)
+        if texts is None or len(request.inputs) != 1:
+            given = ", ".join(sorted(request.inputs))
+            raise ClientError(f"send one input, 'text' (BYTES [N]: UTF-8 texts); got {given}")
+        if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
+            raise ClientError(
+                f"input 'text' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
+            )
+        check_rows(len(texts.value), self.config.max_batch_size)
+        encoded = await self.serving.decoders.run(self.encode_elements, texts.value)
+        return select_outputs(request, await self.serving.batched(encoded.rows), None)
+
+    def info(self) -> dict[str, Any]:
+        return super().info() | {"embedding": self.embedding, "tokenizer": self.manifest["tokenizer"]}
+
+    def schemas(self) -> dict[str, RouteSchema]:
+        embed = {
+            "type": "object",
+            "properties": {"inputs": TEXTS, "normalize": {"type": "boolean"}, "truncate": {"type": "boolean"}},
+            "required": ["inputs"],
+            "additionalProperties": False,
+        }
+        openai = {
+            "type": "object",
+            "properties": {
+                "input": TEXTS,
+                "model": {"type": "string"},
+                "encoding_format": {"enum": list(ENCODINGS)},
+                "dimensions": {"type": "integer"},
+                "user": {"type": "string"},
+            },
+            "required": ["input"],
+            "additionalProperties": False,
+        }
+        item = {
+            "type": "object",
+            "properties": {"object": {"type": "string"}, "index": {"type": "integer"}, "embedding": {}},
+        }
+        listed = {
+            "type": "object",
+            "properties": {"object": {"type": "string"}, "data": {"type": "array", "items": item}},
+        }
+        return {
+            "/embed": RouteSchema({"application/json": {"schema": embed}}, ("application/json", VECTORS)),
+            "/v1/embeddings": RouteSchema({"application/json": {"schema": openai}}, ("application/json", listed)),
+            "/predict": self.named_schemas(),
+        }
