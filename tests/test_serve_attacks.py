@@ -250,15 +250,15 @@ def test_a_request_framed_two_ways_is_refused_and_the_connection_closed(guarded)
     assert b"<still open>" not in answer
 
 
-def test_the_front_door_refuses_a_request_framed_two_ways_where_the_parser_takes_it(tmp_path: Path):
-    """The same smuggling on uvicorn's h11 parser, which takes such a request (tests/fixtures/front_door_h11.py):
-    the front door's own 400 (its JSON error, not a parser's), the connection closed, the hidden request never
+def test_the_router_refuses_a_request_framed_two_ways_where_the_parser_takes_it(tmp_path: Path):
+    """The same smuggling on uvicorn's h11 parser, which takes such a request (tests/fixtures/router_h11.py):
+    the router's own 400 (its JSON error, not a parser's), the connection closed, the hidden request never
     answered; a request framed one way is still served on the same server."""
     smuggled = (
         b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: 4\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /info HTTP/1.1\r\nHost: x\r\n\r\n"
     )
-    script = Path(__file__).parent / "fixtures" / "front_door_h11.py"
+    script = Path(__file__).parent / "fixtures" / "router_h11.py"
     with ScriptServer(tmp_path / "h11.log", script) as srv:
         srv.wait_live(60)
         answer = raw_http(srv.port, smuggled)
