@@ -284,6 +284,7 @@ def test_a_token_classifier_is_refused_naming_its_task(text_run: Path, tmp_path:
     refused = export_state_dict(text_run, token, "--no-bento")
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert refused.returncode == 2 and len(lines) == 1 and "token classification" in lines[0], refused.stderr
+    assert "--model module:factory --example" in lines[0], "the route that works today is named"
 
 
 def _copy_of_checkpoint(text_run: Path, to: Path) -> Path:

@@ -36,7 +36,18 @@ TOKENIZER_READS = (
 TRAINER_CHECKPOINT = re.compile(r"checkpoint-([0-9]+)")  # ASCII digits: `checkpoint-٩٩` is no step
 NOT_SERVED_YET = {  # architectures people fine-tune that handoff recognises but does not serve yet
     "ForTokenClassification": "token classification (one label per token)",
+    "ForCausalLM": "text generation",
+    "ForConditionalGeneration": "text generation (sequence to sequence)",
+    "ForMaskedLM": "masked language modelling",
+    "ForQuestionAnswering": "extractive question answering",
+    "ForMultipleChoice": "multiple choice",
+    "ForAudioClassification": "audio classification",
+    "ForCTC": "speech recognition",
+    "ForSpeechSeq2Seq": "speech recognition",
+    "ForImageClassification": "image classification from a Hugging Face image processor",
 }
+# what works for any of them today: the model as the user builds it, given example inputs (docs/own-model.md)
+ANY_MODEL = "--model module:factory --example inputs.pt exports it as a model of tensors"
 
 
 @dataclass(frozen=True)
@@ -57,9 +68,10 @@ class HfCheckpoint:
             if self.architecture.endswith(suffix):
                 return (
                     f"{self.config_dir / CONFIG}: {self.architecture} is {task}, which handoff does not export or "
-                    f"serve yet; it exports {served}"
+                    f"serve yet; it exports {served}; {ANY_MODEL}"
                 )
-        return f"{self.config_dir / CONFIG}: architecture {self.architecture or '(none)'}; handoff exports {served}"
+        architecture = self.architecture or "(none)"
+        return f"{self.config_dir / CONFIG}: architecture {architecture}; handoff exports {served}; {ANY_MODEL}"
 
 
 def _newest_trainer_checkpoint(folder: Path) -> Path | None:
