@@ -14,6 +14,7 @@ from typing import Any
 TASK_IMAGE_CLASSIFICATION = "image-classification"
 TASK_TENSORS = "tensors"
 TASK_TEXT_CLASSIFICATION = "text-classification"  # a Hugging Face classifier with its tokenizer
+TASK_TOKEN_CLASSIFICATION = "token-classification"  # a Hugging Face token classifier: a text in, its entities out
 TASK_TEXT_EMBEDDING = "text-embedding"  # a Hugging Face encoder with its pooling: a text in, a vector out
 TASK_OBJECT_DETECTION = "object-detection"  # a torchvision detector: an image in, boxes, scores and labels out
 TASK_SEMANTIC_SEGMENTATION = "semantic-segmentation"  # a torchvision segmenter: an image in, a class per pixel out

@@ -64,10 +64,12 @@ class TokenizerSettings:
 
 @dataclass(frozen=True)
 class Encoded:
-    """One request's texts as the model's inputs (padded to the longest of them), and which were truncated."""
+    """One request's texts as the model's inputs (padded to the longest of them), which were truncated, and where
+    each token came from in its text: (start, end) characters, None for a special token ([CLS], [SEP], ...)."""
 
     rows: dict[str, np.ndarray]
     truncated: list[bool]
+    spans: list[list[tuple[int, int] | None]]
 
 
 class TextTokenizer:
@@ -89,7 +91,14 @@ class TextTokenizer:
             {name: np.asarray([getattr(e, ENCODING_FIELDS[name])], dtype=np.int64) for name in self.settings.inputs}
             for e in encodings
         ]
-        return Encoded(pad_to_longest(parts, self.settings), [bool(e.overflowing) for e in encodings])
+        spans = [
+            [
+                None if special else (start, end)
+                for (start, end), special in zip(e.offsets, e.special_tokens_mask, strict=True)
+            ]
+            for e in encodings
+        ]
+        return Encoded(pad_to_longest(parts, self.settings), [bool(e.overflowing) for e in encodings], spans)
 
     def _enough_of(self, text: str) -> tuple[str, Any]:
         """The shortest of `text`'s prefixes (module docstring) whose tokens overflow the model's maximum, and its

@@ -3,6 +3,9 @@ Hugging Face models (nothing is downloaded): `[CLS] text [SEP]`, lowercased, BER
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 
@@ -29,3 +32,21 @@ def wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> A
         mask_token="[MASK]",
         model_max_length=max_length,
     )
+
+
+def shared_wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int, folder: Path) -> Any:
+    """`wordpiece_tokenizer`, made once by rank 0 of a torchrun job and read by every rank from `folder`: the
+    tokenizers library's trainer breaks ties in its own hash order, so two processes can learn vocabularies of
+    different sizes, and DDP then refuses embeddings whose shapes differ."""
+    import transformers
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        staging = folder.with_name(folder.name + ".tmp")
+        wordpiece_tokenizer(texts, vocab_size, max_length).save_pretrained(staging)
+        staging.rename(folder)
+    deadline = time.monotonic() + 120
+    while not folder.is_dir():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 wrote no tokenizer to {folder}")
+        time.sleep(0.1)
+    return transformers.PreTrainedTokenizerFast.from_pretrained(folder)

@@ -10,7 +10,6 @@ Who answers a row:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,20 +100,25 @@ class Endpoint:
 def route_matcher(endpoints: list[Endpoint], model_name: str) -> Callable[[str, str], tuple[Endpoint, dict] | None]:
     """(method, path) -> the first row that answers it and its path parameters, or None. A GET row answers HEAD too;
     a body row matches its concrete path only (this model's name and version), so a request for another model is
-    not read at all."""
-    compiled = []
+    not read at all. A path without parameters is one dict lookup; the rest are tried in the table's order."""
+    exact: dict[tuple[str, str], Endpoint] = {}
+    patterns = []
     for e in endpoints:
-        if e.body is not None:
-            pattern = re.compile("^" + re.escape(concrete(e.path, model_name)) + "$")
+        methods = (e.method, "HEAD") if e.method == "GET" else (e.method,)
+        path = concrete(e.path, model_name) if e.body is not None else e.path
+        if "{" not in path:
+            for method in methods:
+                exact.setdefault((method, path), e)
         else:
-            pattern = compile_path(e.path)[0]
-        methods = {e.method, "HEAD"} if e.method == "GET" else {e.method}
-        compiled.append((methods, pattern, e))
+            patterns.append((methods, compile_path(path)[0], e))
 
     def match(method: str, path: str) -> tuple[Endpoint, dict] | None:
-        for methods, pattern, e in compiled:
-            if method in methods and (found := pattern.match(path)):
-                return e, found.groupdict()
+        found = exact.get((method, path))
+        if found is not None:
+            return found, {}
+        for methods, pattern, e in patterns:
+            if method in methods and (params := pattern.match(path)):
+                return e, params.groupdict()
         return None
 
     return match

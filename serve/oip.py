@@ -188,5 +188,6 @@ def select_outputs(
                 OutputTensor(asked.name, "BYTES", classification_strings(value, asked.classification, labels), binary)
             )
         else:
-            outputs.append(OutputTensor(asked.name, OIP_DATATYPE[value.dtype.name], value, binary))
+            datatype = "BYTES" if value.dtype == object else OIP_DATATYPE[value.dtype.name]  # texts: JSON, labels
+            outputs.append(OutputTensor(asked.name, datatype, value, binary))
     return outputs

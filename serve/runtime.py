@@ -226,9 +226,10 @@ def load_runtime(
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=1, keepdims=True)
+    """Over the last axis: a classifier's classes (N x C), a token classifier's labels (N x tokens x labels)."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
     exp = np.exp(shifted)
-    return exp / exp.sum(axis=1, keepdims=True)
+    return exp / exp.sum(axis=-1, keepdims=True)
 
 
 def best_first(scores: np.ndarray) -> np.ndarray:

@@ -276,14 +276,14 @@ def test_a_reinitialised_head_is_refused_unless_allowed_and_then_recorded(text_r
     assert "PARTIAL" in allowed.stdout and "2 left at initialisation" in allowed.stdout
 
 
-def test_a_token_classifier_is_refused_naming_its_task(text_run: Path, tmp_path: Path):
-    token = tmp_path / "token"
-    token.mkdir()
+def test_a_task_handoff_does_not_serve_is_refused_naming_it(text_run: Path, tmp_path: Path):
+    other = tmp_path / "qa"
+    other.mkdir()
     config = json.loads((text_run / "base" / "config.json").read_text())
-    (token / "config.json").write_text(json.dumps({**config, "architectures": ["DistilBertForTokenClassification"]}))
-    refused = export_state_dict(text_run, token, "--no-bento")
+    (other / "config.json").write_text(json.dumps({**config, "architectures": ["DistilBertForQuestionAnswering"]}))
+    refused = export_state_dict(text_run, other, "--no-bento")
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
-    assert refused.returncode == 2 and len(lines) == 1 and "token classification" in lines[0], refused.stderr
+    assert refused.returncode == 2 and len(lines) == 1 and "question answering" in lines[0], refused.stderr
     assert "--model module:factory --example" in lines[0], "the route that works today is named"
 
 

@@ -35,7 +35,6 @@ TOKENIZER_READS = (
 )
 TRAINER_CHECKPOINT = re.compile(r"checkpoint-([0-9]+)")  # ASCII digits: `checkpoint-٩٩` is no step
 NOT_SERVED_YET = {  # architectures people fine-tune that handoff recognises but does not serve yet
-    "ForTokenClassification": "token classification (one label per token)",
     "ForCausalLM": "text generation",
     "ForConditionalGeneration": "text generation (sequence to sequence)",
     "ForMaskedLM": "masked language modelling",

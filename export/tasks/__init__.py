@@ -18,11 +18,13 @@ from export.tasks import (
     tensors,
     text_classification,
     text_embedding,
+    token_classification,
 )
 
 TASKS: tuple[ExportTask, ...] = (
     tensors.TASK,
     text_classification.TASK,
+    token_classification.TASK,
     text_embedding.TASK,
     object_detection.TASK,
     semantic_segmentation.TASK,
@@ -30,7 +32,7 @@ TASKS: tuple[ExportTask, ...] = (
 )
 
 
-HF_ARCHITECTURES = "sequence classifiers (*ForSequenceClassification) and sentence encoders (*Model)"
+HF_ARCHITECTURES = "*ForSequenceClassification, *ForTokenClassification and sentence encoders (*Model)"
 
 
 def task_for(request: ExportRequest) -> ExportTask:

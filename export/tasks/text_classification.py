@@ -9,10 +9,9 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn as nn
 
 from contract.signature import TASK_TEXT_CLASSIFICATION
-from export.hf_text import LoadedText, hf_manifest, load_hf_text, load_tokenizer, tokenized_job
+from export.hf_text import LoadedText, Logits, hf_manifest, load_hf_text, load_tokenizer, tokenized_job
 from export.job import Job, log_loading
 from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of, write_tensor_export
 from export.readers.hf_checkpoint import CONFIG, HfCheckpoint, tokenizer_folder
@@ -20,17 +19,6 @@ from export.tensor_model import Example, describe
 from train.class_names import check_class_names
 
 log = logging.getLogger("export")
-
-
-class Logits(nn.Module):
-    """A transformers classifier called with token inputs by name, giving its logits alone."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"logits": self.model(**inputs, return_dict=True).logits}
 
 
 def text_job(request: ExportRequest) -> Job:

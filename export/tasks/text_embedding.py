@@ -84,7 +84,7 @@ def without_unused_pooler(model: nn.Module, keys: set[str]) -> None:
     """BERT-style encoders build a pooler (a dense layer on the first token) that embeddings never use; an encoder
     trained without one (`add_pooling_layer=False`) has no weights for it, so it is left out rather than refused."""
     if getattr(model, "pooler", None) is not None and not any(key.startswith("pooler.") for key in keys):
-        model.pooler = None
+        model.pooler = None  # type: ignore[assignment]
 
 
 def embedding_job(request: ExportRequest) -> Job:

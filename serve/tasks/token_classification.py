@@ -1,0 +1,203 @@
+"""A token classifier's serving side (named entities, parts of speech): a text in, its entities out, as spans of the
+original text with a score.
+
+- POST /classify: `{"text": "...", "aggregation": "simple" | "none"}` or the text itself as text/plain
+  (`?aggregation=`) -> `{"entities": [...], "truncated": false}`. With "simple" (the default), tokens are grouped
+  as transformers' token-classification pipeline groups them (`aggregation_strategy="simple"`: a `B-` tag starts
+  an entity, `I-` tokens of its type continue it, the score is their mean, `O` left out): `{"entity_group", "score",
+  "word", "start", "end"}`; with "none", each token but `O`'s: `{"entity", "score", "index", "word", "start", "end"}`.
+  `start` and `end` are characters of the text as sent, and `word` is that slice of it (the pipeline's is the
+  tokenizer's reading of it, lowercased by an uncased one);
+- POST /predict: token ids by name, as any model's inputs;
+- the protocol: `text` (BYTES [N]) in; `logits` (FP32 [N, tokens, labels], each text's own tokens, padded to the
+  request's longest) and `entities` (BYTES [N]: each text's grouped entities as JSON) out.
+
+A request's tokens share the model's call with other requests' (`PaddedSequences`); the export proved each text's
+tokens answer in a padded batch as they do alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from contract.errors import ClientError
+from contract.manifest import labels_of, read_artifact
+from contract.signature import TASK_TOKEN_CLASSIFICATION
+from contract.tokenizer_spec import Encoded, TextTokenizer, TokenizerSettings
+from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.json_body import parse_json
+from serve.oip import TEXT_INPUT, ServedTensor, select_outputs
+from serve.oip_codec import InferRequest, OutputTensor
+from serve.runtime import softmax
+from serve.tasks.base import ServedTask, Serving
+from serve.tasks.text_classification import TEXT_TYPES
+from serve.tasks.texts import PaddedSequences, checked_text, texts_of_elements
+from serve.tensor_inputs import check_rows
+
+AGGREGATIONS = ("simple", "none")
+IGNORED = "O"  # the label of a token outside every entity, left out as the pipeline leaves it out
+
+
+class TokenClassification(ServedTask):
+    name = TASK_TOKEN_CLASSIFICATION
+    routes = ("/classify", "/predict")
+
+    def __init__(self, serving: Serving) -> None:
+        super().__init__(serving)
+        settings = TokenizerSettings.from_manifest(self.manifest["tokenizer"])
+        tokenizer_json = read_artifact(serving.folder, self.manifest, self.manifest["tokenizer"]["file"])
+        self.tokenizer = TextTokenizer(tokenizer_json, settings)
+        self.labels: list[str] = labels_of(self.manifest) or []
+        self.max_chars = self.config.max_text_chars
+        self.batch_shape = PaddedSequences(settings, max(self.config.max_batch_tokens, settings.max_length))
+
+    def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """In the model thread: each token's label probabilities beside its logits."""
+        logits = self.serving.runtime.run_named(rows)["logits"]
+        return {"logits": logits, "probabilities": softmax(logits)}
+
+    async def answer(self, route: str, request: Incoming) -> Answer:
+        if route == "/predict":
+            return await self.predict_named(request)
+        if request.content_type not in TEXT_TYPES:
+            raise ClientError(
+                'this model finds entities in text: send {"text": "..."} (application/json) or text/plain', 415
+            )
+        text, aggregation = await self.serving.decoders.run(
+            self._text_of, request.body, request.content_type, request.params
+        )
+        encoded = await self.serving.decoders.run(self.tokenizer.encode, [text])
+        outputs = await self.serving.batched(encoded.rows)
+        probabilities = self._own_tokens(outputs["probabilities"], encoded)[0]
+        entities = self.entities(text, encoded.spans[0], probabilities, aggregation)
+        return Answer({"entities": entities, "truncated": encoded.truncated[0]})
+
+    def _text_of(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> tuple[str, str]:
+        unknown = sorted(set(params) - {"aggregation"})
+        if unknown:
+            raise ClientError(f"unknown query parameter(s) {', '.join(unknown)}; expected aggregation")
+        aggregation = params.get("aggregation", ["simple"])[-1]
+        if content_type == "text/plain":
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ClientError(f"the body is not valid UTF-8 (byte {err.start})") from None
+            return checked_text(text, self.max_chars, "the body"), self._aggregation(aggregation)
+        document = parse_json(body)
+        if not isinstance(document, dict) or "text" not in document or set(document) - {"text", "aggregation"}:
+            raise ClientError('expected a JSON object {"text": "...", "aggregation": "simple" or "none"}')
+        aggregation = document.get("aggregation", aggregation)
+        return checked_text(document["text"], self.max_chars, '"text"'), self._aggregation(aggregation)
+
+    @staticmethod
+    def _aggregation(value: Any) -> str:
+        if value not in AGGREGATIONS:
+            raise ClientError(f"aggregation={str(value)[:20]}: must be {' or '.join(AGGREGATIONS)}")
+        return str(value)
+
+    def _own_tokens(self, batch: np.ndarray, encoded: Encoded) -> list[np.ndarray]:
+        """Each text's own tokens of a padded batch's output (the batch may be padded past the request's longest)."""
+        left = self.tokenizer.settings.padding_side == "left"
+        return [batch[i, -len(spans) :] if left else batch[i, : len(spans)] for i, spans in enumerate(encoded.spans)]
+
+    def entities(
+        self, text: str, spans: list[tuple[int, int] | None], probabilities: np.ndarray, aggregation: str
+    ) -> list[dict[str, Any]]:
+        """The text's tokens labelled (special tokens left out), then grouped as the pipeline groups them."""
+        best, scores = probabilities.argmax(axis=-1).tolist(), probabilities.max(axis=-1).tolist()
+        tokens = [
+            {"entity": self.labels[best[i]], "score": scores[i], "index": i, "word": text[s:e], "start": s, "end": e}
+            for i, span in enumerate(spans)
+            if span is not None
+            for s, e in [span]
+        ]
+        if aggregation == "none":
+            return [token for token in tokens if token["entity"] != IGNORED]
+        return [group for group in _grouped(text, tokens) if group["entity_group"] != IGNORED]
+
+    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
+        _, outputs = super().protocol_tensors()
+        return [ServedTensor(TEXT_INPUT, "BYTES", (-1,))], [*outputs, ServedTensor("entities", "BYTES", (-1,))]
+
+    async def infer(self, request: InferRequest) -> list[OutputTensor]:
+        texts = request.inputs.get(TEXT_INPUT)
+        if texts is None or len(request.inputs) != 1:
+            given = ", ".join(sorted(request.inputs))
+            raise ClientError(f"send one input, 'text' (BYTES [N]: UTF-8 texts); got {given}")
+        if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
+            raise ClientError(
+                f"input 'text' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
+            )
+        check_rows(len(texts.value), self.config.max_batch_size)
+        decoded = texts_of_elements(texts.value, self.max_chars)
+        encoded = await self.serving.decoders.run(self.tokenizer.encode, decoded)
+        outputs = await self.serving.batched(encoded.rows)
+        longest = max(len(spans) for spans in encoded.spans)
+        logits = np.zeros((len(decoded), longest, len(self.labels)), dtype=np.float32)
+        for i, own in enumerate(self._own_tokens(outputs["logits"], encoded)):
+            logits[i, : len(own)] = own
+        probabilities = self._own_tokens(outputs["probabilities"], encoded)
+        found = [
+            orjson.dumps(self.entities(text, encoded.spans[i], probabilities[i], "simple"))
+            for i, text in enumerate(decoded)
+        ]
+        return select_outputs(request, {"logits": logits, "entities": np.array(found, dtype=object)}, None)
+
+    def info(self) -> dict[str, Any]:
+        return super().info() | {"labels": self.labels, "tokenizer": self.manifest["tokenizer"]}
+
+    def schemas(self) -> dict[str, RouteSchema]:
+        text = {
+            "type": "object",
+            "properties": {"text": {"type": "string"}, "aggregation": {"enum": list(AGGREGATIONS)}},
+            "required": ["text"],
+            "additionalProperties": False,
+        }
+        entity = {
+            "type": "object",
+            "properties": {
+                "entity_group": {"type": "string"},
+                "entity": {"type": "string"},
+                "score": {"type": "number"},
+                "word": {"type": "string"},
+                "start": {"type": "integer"},
+                "end": {"type": "integer"},
+            },
+        }
+        answer = {
+            "type": "object",
+            "properties": {"entities": {"type": "array", "items": entity}, "truncated": {"type": "boolean"}},
+        }
+        request = {"application/json": {"schema": text}, "text/plain": {"schema": {"type": "string"}}}
+        return {"/classify": RouteSchema(request, ("application/json", answer)), "/predict": self.named_schemas()}
+
+
+def _tag(label: str) -> tuple[str, str]:
+    """A label's BIO prefix and type, as the pipeline reads them: `B-PER` (B, PER), `I-PER` (I, PER), `X` (I, X)."""
+    if label.startswith(("B-", "I-")):
+        return label[0], label[2:]
+    return "I", label
+
+
+def _grouped(text: str, tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive tokens of one type, a `B-` starting anew: the pipeline's `group_entities`."""
+    groups: list[list[dict[str, Any]]] = []
+    for token in tokens:
+        prefix, kind = _tag(token["entity"])
+        if groups and prefix != "B" and _tag(groups[-1][-1]["entity"])[1] == kind:
+            groups[-1].append(token)
+        else:
+            groups.append([token])
+    return [
+        {
+            "entity_group": _tag(group[0]["entity"])[1],
+            "score": float(np.mean([t["score"] for t in group])),
+            "word": text[group[0]["start"] : group[-1]["end"]],
+            "start": group[0]["start"],
+            "end": group[-1]["end"],
+        }
+        for group in groups
+    ]
