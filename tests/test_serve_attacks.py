@@ -238,8 +238,8 @@ def test_odd_input_gets_an_answer_at_once_never_a_hang(guarded):
 def test_a_request_framed_two_ways_is_refused_and_the_connection_closed(guarded):
     """Transfer-Encoding and Content-Length together, with a request hidden after the chunked body: one 400,
     then the connection closes; the hidden request is never answered. The served stack refuses it in uvicorn's
-    parser (llhttp), before any middleware; the front door's own check, for uvicorn on h11 (which takes such a
-    request), is tested in tests/unit/test_front_door.py."""
+    parser (llhttp), before any middleware; the router's own check, for uvicorn on h11 (which takes such a
+    request), is tested in tests/unit/test_router.py and below."""
     smuggled = (
         b"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
         b"Content-Type: image/png\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
