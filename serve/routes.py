@@ -20,7 +20,7 @@ from serve.oip import ProtocolSurface
 from serve.page import PAGE, PAGE_HEADERS
 from serve.request_metrics import metrics_page
 from serve.tasks.images import RAW_IMAGE_TYPES
-from serve.tasks.text_classification import TEXT_TYPES
+from serve.tasks.texts import TEXT_TYPES
 
 if TYPE_CHECKING:
     from serve.service import ModelService

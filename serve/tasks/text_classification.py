@@ -23,18 +23,15 @@ import numpy as np
 import orjson
 
 from contract.errors import ClientError
-from contract.manifest import labels_of, read_artifact
+from contract.manifest import labels_of
 from contract.signature import TASK_TEXT_CLASSIFICATION
-from contract.tokenizer_spec import Encoded, TextTokenizer, TokenizerSettings
+from contract.tokenizer_spec import Encoded
 from serve.endpoint import Answer, Incoming, RouteSchema
-from serve.oip import TEXT_INPUT, ServedTensor
+from serve.oip import ServedTensor
 from serve.oip_codec import InferRequest, OutputTensor
-from serve.tasks.base import ServedTask, Serving, checked_top_k
+from serve.tasks.base import Serving, checked_top_k
 from serve.tasks.ranking import PREDICTIONS, classifier_outputs, predictions, ranked, with_probabilities
-from serve.tasks.texts import PaddedSequences, checked_text, texts_of_elements
-from serve.tensor_inputs import check_rows
-
-TEXT_TYPES = ("application/json", "text/plain")  # /classify's bodies for a text
+from serve.tasks.texts import TEXT_TYPES, TextTask, checked_text
 
 
 def texts_of_body(body: bytes, content_type: str, max_chars: int) -> tuple[str, dict[str, Any]]:
@@ -55,20 +52,15 @@ def texts_of_body(body: bytes, content_type: str, max_chars: int) -> tuple[str, 
     return checked_text(document["text"], max_chars, '"text"'), {k: v for k, v in document.items() if k != "text"}
 
 
-class TextClassification(ServedTask):
-    """A text classifier's tokenizer, labels and batch shape, loaded from the export's verified bytes."""
+class TextClassification(TextTask):
+    """A text classifier's labels, beside what every text task has."""
 
     name = TASK_TEXT_CLASSIFICATION
     routes = ("/classify", "/predict")
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
-        settings = TokenizerSettings.from_manifest(self.manifest["tokenizer"])
-        tokenizer_json = read_artifact(serving.folder, self.manifest, self.manifest["tokenizer"]["file"])
-        self.tokenizer = TextTokenizer(tokenizer_json, settings)
         self.labels: list[str] = labels_of(self.manifest) or []
-        self.max_chars = self.config.max_text_chars
-        self.batch_shape = PaddedSequences(settings, max(self.config.max_batch_tokens, settings.max_length))
 
     def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return ranked(self.serving.runtime.run_named(rows)["logits"])
@@ -97,25 +89,13 @@ class TextClassification(ServedTask):
         top_k = fields.get("top_k", params.get("top_k", ["5"])[-1])
         return self.tokenizer.encode([text]), top_k
 
-    def encode_elements(self, elements: list[bytes]) -> Encoded:
-        return self.tokenizer.encode(texts_of_elements(elements, self.max_chars))
-
     def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
-        """Texts in (tokenized by the service), the logits and their softmax out."""
-        _, outputs = super().protocol_tensors()
-        return [ServedTensor(TEXT_INPUT, "BYTES", (-1,))], with_probabilities(outputs)
+        """Texts in, the logits and their softmax out."""
+        inputs, outputs = super().protocol_tensors()
+        return inputs, with_probabilities(outputs)
 
     async def infer(self, request: InferRequest) -> list[OutputTensor]:
-        texts = request.inputs.get(TEXT_INPUT)
-        if texts is None or len(request.inputs) != 1:
-            given = ", ".join(sorted(request.inputs))
-            raise ClientError(f"send one input, 'text' (BYTES [N]: UTF-8 texts); got {given}")
-        if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
-            raise ClientError(
-                f"input 'text' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
-            )
-        check_rows(len(texts.value), self.config.max_batch_size)
-        encoded = await self.serving.decoders.run(self.encode_elements, texts.value)
+        _, encoded = await self.protocol_texts(request)
         return classifier_outputs(request, await self.serving.batched(encoded.rows), self.labels)
 
     def info(self) -> dict[str, Any]:

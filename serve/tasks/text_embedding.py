@@ -24,15 +24,14 @@ import numpy as np
 import orjson
 
 from contract.errors import ClientError
-from contract.manifest import read_artifact
 from contract.signature import TASK_TEXT_EMBEDDING
-from contract.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings
+from contract.tokenizer_spec import MASK, Encoded
 from serve.endpoint import Answer, Incoming, RouteSchema
 from serve.json_body import parse_json
-from serve.oip import TEXT_INPUT, ServedTensor, select_outputs
+from serve.oip import select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
-from serve.tasks.base import ServedTask, Serving, only_params
-from serve.tasks.texts import PaddedSequences, checked_text, texts_of_elements
+from serve.tasks.base import Serving, only_params
+from serve.tasks.texts import TextTask, checked_text
 from serve.tensor_inputs import check_rows
 
 ENCODINGS = ("float", "base64")
@@ -40,18 +39,13 @@ VECTORS = {"type": "array", "items": {"type": "array", "items": {"type": "number
 TEXTS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
 
 
-class TextEmbedding(ServedTask):
+class TextEmbedding(TextTask):
     name = TASK_TEXT_EMBEDDING
     routes = ("/embed", "/v1/embeddings", "/predict")
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
-        settings = TokenizerSettings.from_manifest(self.manifest["tokenizer"])
-        tokenizer_json = read_artifact(serving.folder, self.manifest, self.manifest["tokenizer"]["file"])
-        self.tokenizer = TextTokenizer(tokenizer_json, settings)
         self.embedding: dict[str, Any] = self.manifest["embedding"]
-        self.max_chars = self.config.max_text_chars
-        self.batch_shape = PaddedSequences(settings, max(self.config.max_batch_tokens, settings.max_length))
 
     async def answer(self, route: str, request: Incoming) -> Answer:
         if route == "/predict":
@@ -134,25 +128,8 @@ class TextEmbedding(ServedTask):
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
-    def encode_elements(self, elements: list[bytes]) -> Encoded:
-        return self.tokenizer.encode(texts_of_elements(elements, self.max_chars))
-
-    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
-        """Texts in (tokenized by the service), their vectors out."""
-        _, outputs = super().protocol_tensors()
-        return [ServedTensor(TEXT_INPUT, "BYTES", (-1,))], outputs
-
     async def infer(self, request: InferRequest) -> list[OutputTensor]:
-        texts = request.inputs.get(TEXT_INPUT)
-        if texts is None or len(request.inputs) != 1:
-            given = ", ".join(sorted(request.inputs))
-            raise ClientError(f"send one input, 'text' (BYTES [N]: UTF-8 texts); got {given}")
-        if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
-            raise ClientError(
-                f"input 'text' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
-            )
-        check_rows(len(texts.value), self.config.max_batch_size)
-        encoded = await self.serving.decoders.run(self.encode_elements, texts.value)
+        _, encoded = await self.protocol_texts(request)
         return select_outputs(request, await self.serving.batched(encoded.rows), None)
 
     def info(self) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""What the tasks that take texts share: the protocol's BYTES texts checked, and the batch shape that lets texts of any
-length share a call, padded (`PaddedSequences`)."""
+"""What the tasks that take texts share (`TextTask`): the tokenizer from the export's verified bytes, the bound on a
+text, the protocol's BYTES texts checked and tokenized, and the batch shape that lets texts of any length share a
+call, padded (`PaddedSequences`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ from typing import Any
 import numpy as np
 
 from contract.errors import ClientError
-from contract.tokenizer_spec import MASK, TokenizerSettings, pad_to_longest
-from serve.oip import TEXT_INPUT
+from contract.manifest import read_artifact
+from contract.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
+from serve.oip import TEXT_INPUT, ServedTensor
+from serve.oip_codec import InferRequest
+from serve.tasks.base import ServedTask, Serving
+from serve.tensor_inputs import check_rows
 
+TEXT_TYPES = ("application/json", "text/plain")  # the bodies a text is sent in
 PADDED_SHARE = 0.25  # a call's padding at most a quarter of its real tokens
 
 
@@ -75,3 +81,38 @@ def texts_of_elements(elements: list[bytes], max_chars: int) -> list[str]:
             raise ClientError(f"{TEXT_INPUT}[{index}] is not valid UTF-8 (byte {err.start})") from None
         texts.append(checked_text(text, max_chars, f"{TEXT_INPUT}[{index}]"))
     return texts
+
+
+class TextTask(ServedTask):
+    """A task whose requests are texts: its tokenizer (the `tokenizers` library, no transformers, no torch), loaded
+    from the bytes the manifest vouches for, truncating as it did in training; texts of any length share a call."""
+
+    def __init__(self, serving: Serving) -> None:
+        super().__init__(serving)
+        settings = TokenizerSettings.from_manifest(self.manifest["tokenizer"])
+        tokenizer_json = read_artifact(serving.folder, self.manifest, self.manifest["tokenizer"]["file"])
+        self.tokenizer = TextTokenizer(tokenizer_json, settings)
+        self.max_chars = self.config.max_text_chars
+        self.batch_shape = PaddedSequences(settings, max(self.config.max_batch_tokens, settings.max_length))
+
+    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
+        """Texts in (tokenized by the service), the signature's outputs out."""
+        _, outputs = super().protocol_tensors()
+        return [ServedTensor(TEXT_INPUT, "BYTES", (-1,))], outputs
+
+    async def protocol_texts(self, request: InferRequest) -> tuple[list[str], Encoded]:
+        """The protocol's `text` input (BYTES [N] or [N, 1]), each text checked, and all tokenized (in a thread)."""
+        texts = request.inputs.get(TEXT_INPUT)
+        if texts is None or len(request.inputs) != 1:
+            given = ", ".join(sorted(request.inputs))
+            raise ClientError(f"send one input, 'text' (BYTES [N]: UTF-8 texts); got {given}")
+        if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
+            raise ClientError(
+                f"input 'text' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
+            )
+        check_rows(len(texts.value), self.config.max_batch_size)
+        return await self.serving.decoders.run(self._tokenized, texts.value)
+
+    def _tokenized(self, elements: list[bytes]) -> tuple[list[str], Encoded]:
+        decoded = texts_of_elements(elements, self.max_chars)
+        return decoded, self.tokenizer.encode(decoded)

@@ -24,35 +24,28 @@ import numpy as np
 import orjson
 
 from contract.errors import ClientError
-from contract.manifest import labels_of, read_artifact
+from contract.manifest import labels_of
 from contract.signature import TASK_TOKEN_CLASSIFICATION
-from contract.tokenizer_spec import Encoded, TextTokenizer, TokenizerSettings
+from contract.tokenizer_spec import Encoded
 from serve.endpoint import Answer, Incoming, RouteSchema
 from serve.json_body import parse_json
-from serve.oip import TEXT_INPUT, ServedTensor, select_outputs
+from serve.oip import ServedTensor, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.runtime import softmax
-from serve.tasks.base import ServedTask, Serving
-from serve.tasks.text_classification import TEXT_TYPES
-from serve.tasks.texts import PaddedSequences, checked_text, texts_of_elements
-from serve.tensor_inputs import check_rows
+from serve.tasks.base import Serving
+from serve.tasks.texts import TEXT_TYPES, TextTask, checked_text
 
 AGGREGATIONS = ("simple", "none")
 IGNORED = "O"  # the label of a token outside every entity, left out as the pipeline leaves it out
 
 
-class TokenClassification(ServedTask):
+class TokenClassification(TextTask):
     name = TASK_TOKEN_CLASSIFICATION
     routes = ("/classify", "/predict")
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
-        settings = TokenizerSettings.from_manifest(self.manifest["tokenizer"])
-        tokenizer_json = read_artifact(serving.folder, self.manifest, self.manifest["tokenizer"]["file"])
-        self.tokenizer = TextTokenizer(tokenizer_json, settings)
         self.labels: list[str] = labels_of(self.manifest) or []
-        self.max_chars = self.config.max_text_chars
-        self.batch_shape = PaddedSequences(settings, max(self.config.max_batch_tokens, settings.max_length))
 
     def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """In the model thread: each token's label probabilities beside its logits."""
@@ -119,21 +112,11 @@ class TokenClassification(ServedTask):
         return [group for group in _grouped(text, tokens) if group["entity_group"] != IGNORED]
 
     def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
-        _, outputs = super().protocol_tensors()
-        return [ServedTensor(TEXT_INPUT, "BYTES", (-1,))], [*outputs, ServedTensor("entities", "BYTES", (-1,))]
+        inputs, outputs = super().protocol_tensors()
+        return inputs, [*outputs, ServedTensor("entities", "BYTES", (-1,))]
 
     async def infer(self, request: InferRequest) -> list[OutputTensor]:
-        texts = request.inputs.get(TEXT_INPUT)
-        if texts is None or len(request.inputs) != 1:
-            given = ", ".join(sorted(request.inputs))
-            raise ClientError(f"send one input, 'text' (BYTES [N]: UTF-8 texts); got {given}")
-        if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
-            raise ClientError(
-                f"input 'text' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
-            )
-        check_rows(len(texts.value), self.config.max_batch_size)
-        decoded = texts_of_elements(texts.value, self.max_chars)
-        encoded = await self.serving.decoders.run(self.tokenizer.encode, decoded)
+        decoded, encoded = await self.protocol_texts(request)
         outputs = await self.serving.batched(encoded.rows)
         longest = max(len(spans) for spans in encoded.spans)
         logits = np.zeros((len(decoded), longest, len(self.labels)), dtype=np.float32)
