@@ -36,10 +36,11 @@ from export.parity import onnx_sessions
 from export.pipeline import Check, ExportRequest, OwnChecks, tolerance_of, write_tensor_export
 from export.provenance import Provenance, load_checked, trace
 from export.readers import Source, read_source
-from export.readers.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files
+from export.readers.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files, tokenizer_folder
 from export.steps import timed
 from export.tensor_model import Example, describe, first_line
 from export.unwrap import Unwrapped, unwrap_keys
+from train.class_names import check_class_names
 
 # What parity runs on: real sentences, short and long, so a padded batch holds rows of very different lengths.
 SENTENCES = (
@@ -120,6 +121,26 @@ def build_hf_model(
     loaded, tied = load_checked(model, unwrapped, what, allow_partial)
     model = model.float().eval()
     return model, unwrapped, trace(model, unwrapped, loaded, tied, what, allow_partial)
+
+
+def training_tokenizer(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedText, what: str | None) -> Any:
+    """The tokenizer the model was trained with (--tokenizer, else beside the config or the weights). None where there
+    is none and `what` is None; else ValueError saying that `what` is served on texts."""
+    folder = tokenizer_folder(hf, request.args.tokenizer)
+    if folder is None:
+        if what is None:
+            return None
+        raise ValueError(
+            f"{hf.config_dir}: no tokenizer beside the {what} (tokenizer.json or tokenizer_config.json); it is "
+            "served on texts: --tokenizer DIR names its tokenizer"
+        )
+    return load_tokenizer(folder, request.args.trust_remote_code, int(loaded.model.config.vocab_size))
+
+
+def config_labels(hf: HfCheckpoint, config: Any) -> list[str]:
+    """The class names of the config's `id2label`, in index order, through the class-name checks."""
+    names = [config.id2label.get(i, i) for i in range(config.num_labels)]
+    return check_class_names(names, f"{hf.config_dir / CONFIG}: id2label")
 
 
 def load_tokenizer(folder: Path, trust_remote_code: bool, vocab_size: int) -> Any:

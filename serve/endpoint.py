@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
 
 from starlette.routing import compile_path
 
-from serve.front_door import BodyRoute, Scope
+from serve.front_door import BodyRoute, Scope, query_params
 
 HANDOFF, BENTOML = "handoff", "bentoml"
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -47,7 +46,7 @@ class Incoming:
     @property
     def query(self) -> dict[str, list[str]]:
         """The query string's parameters (a form's request has its own `params` besides)."""
-        return parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        return query_params(self.scope)
 
 
 @dataclass(frozen=True)

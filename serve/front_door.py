@@ -36,6 +36,11 @@ READING_PER_SLOT = 4
 MULTIPART = "multipart/form-data"
 
 
+def query_params(scope: Scope) -> dict[str, list[str]]:
+    """The request's query string's parameters, blank values kept."""
+    return parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+
+
 async def send_json(send: Send, status: int, payload: dict[str, Any] | bytes, close: bool = False) -> None:
     """A JSON response (`payload` already encoded, or to encode here); `close` asks the server to close the
     connection after it."""
@@ -124,7 +129,7 @@ class FrontDoor:
         if sent == MULTIPART:
             return read_form(headers.get(b"content-type", b"").decode("latin-1"), body, route.form_fields)
         # any other body's parameters are its query string's
-        return body, parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        return body, query_params(scope)
 
 
 def _too_large(limit: int) -> ClientError:

@@ -20,7 +20,7 @@ from typing import Any
 
 from contract.errors import ClientError
 from serve.endpoint import Answer, Endpoint, Incoming
-from serve.front_door import FrontDoor, Receive, Scope, Send, json_error, send_json
+from serve.front_door import FrontDoor, Receive, Scope, Send, json_error, query_params, send_json
 from serve.logs import CLIENT_ERROR, client_error_args, printable
 
 log = logging.getLogger("bentoml.handoff")
@@ -60,7 +60,7 @@ class Router:
         if endpoint.handler is None:  # BentoML's own probes
             return await _guarded(scope, send, lambda tracked: self.app(scope, receive, tracked))
         if endpoint.body is None:
-            incoming = Incoming(scope, params=Incoming(scope).query, path_params=path_params)
+            incoming = Incoming(scope, params=query_params(scope), path_params=path_params)
             return await _guarded(scope, send, lambda tracked: _respond(endpoint, incoming, tracked))
         read = await self.front_door.read(scope, endpoint.body, receive)
         if read is None:

@@ -11,12 +11,19 @@ import logging
 import torch
 
 from contract.signature import TASK_TEXT_CLASSIFICATION
-from export.hf_text import LoadedText, Logits, hf_manifest, load_hf_text, load_tokenizer, tokenized_job
+from export.hf_text import (
+    LoadedText,
+    Logits,
+    config_labels,
+    hf_manifest,
+    load_hf_text,
+    tokenized_job,
+    training_tokenizer,
+)
 from export.job import Job, log_loading
 from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of, write_tensor_export
-from export.readers.hf_checkpoint import CONFIG, HfCheckpoint, tokenizer_folder
+from export.readers.hf_checkpoint import HfCheckpoint
 from export.tensor_model import Example, describe
-from train.class_names import check_class_names
 
 log = logging.getLogger("export")
 
@@ -26,13 +33,10 @@ def text_job(request: ExportRequest) -> Job:
     assert hf is not None  # TASK recognized it
     refuse_classifier_flags(args, "a Hugging Face text model")
     loaded = load_hf_text(request, hf, "AutoModelForSequenceClassification")
-    folder = tokenizer_folder(hf, args.tokenizer)
-    if folder is None:
+    tokenizer = training_tokenizer(request, hf, loaded, None)
+    if tokenizer is None:
         return _token_ids_job(request, hf, loaded)
-    tokenizer = load_tokenizer(folder, args.trust_remote_code, int(loaded.model.config.vocab_size))
-    config = loaded.model.config
-    names = [config.id2label.get(i, i) for i in range(config.num_labels)]
-    labels = check_class_names(names, f"{hf.config_dir / CONFIG}: id2label")
+    labels = config_labels(hf, loaded.model.config)
     fields = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels}
     described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer"
     return tokenized_job(request, hf, loaded, tokenizer, Logits(loaded.model), fields, described)

@@ -21,10 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from contract.signature import TASK_TEXT_EMBEDDING
-from export.hf_text import load_hf_text, load_tokenizer, tokenized_job
+from export.hf_text import load_hf_text, tokenized_job, training_tokenizer
 from export.job import Job
 from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags
-from export.readers.hf_checkpoint import HfCheckpoint, check_own_files, tokenizer_folder
+from export.readers.hf_checkpoint import HfCheckpoint, check_own_files
 
 MODULES = "modules.json"  # a sentence-transformers folder's modules, in order
 POOLING = "1_Pooling/config.json"
@@ -94,13 +94,7 @@ def embedding_job(request: ExportRequest) -> Job:
     found = sentence_transformers_modules(hf.config_dir)
     pooling, normalize = found if found is not None else ("mean", True)
     loaded = load_hf_text(request, hf, "AutoModel", without_unused_pooler)
-    folder = tokenizer_folder(hf, args.tokenizer)
-    if folder is None:
-        raise ValueError(
-            f"{hf.config_dir}: no tokenizer beside the encoder (tokenizer.json or tokenizer_config.json); an "
-            "embedding model is served on texts: --tokenizer DIR names its tokenizer"
-        )
-    tokenizer = load_tokenizer(folder, args.trust_remote_code, int(loaded.model.config.vocab_size))
+    tokenizer = training_tokenizer(request, hf, loaded, "sentence encoder")
     dimensions = int(loaded.model.config.hidden_size)
     embedding: dict[str, Any] = {"pooling": pooling, "normalized": normalize, "dimensions": dimensions}
     fields = {"task": TASK_TEXT_EMBEDDING, "embedding": embedding}

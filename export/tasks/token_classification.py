@@ -8,11 +8,9 @@ each text's tokens answer in a padded batch as they do alone. The service groups
 from __future__ import annotations
 
 from contract.signature import TASK_TOKEN_CLASSIFICATION
-from export.hf_text import Logits, load_hf_text, load_tokenizer, tokenized_job
+from export.hf_text import Logits, config_labels, load_hf_text, tokenized_job, training_tokenizer
 from export.job import Job
 from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags
-from export.readers.hf_checkpoint import CONFIG, tokenizer_folder
-from train.class_names import check_class_names
 
 
 def token_job(request: ExportRequest) -> Job:
@@ -20,16 +18,8 @@ def token_job(request: ExportRequest) -> Job:
     assert hf is not None  # TASK recognized it
     refuse_classifier_flags(args, "a Hugging Face token classifier")
     loaded = load_hf_text(request, hf, "AutoModelForTokenClassification")
-    folder = tokenizer_folder(hf, args.tokenizer)
-    if folder is None:
-        raise ValueError(
-            f"{hf.config_dir}: no tokenizer beside the token classifier (tokenizer.json or tokenizer_config.json); "
-            "its entities are found in texts: --tokenizer DIR names its tokenizer"
-        )
-    tokenizer = load_tokenizer(folder, args.trust_remote_code, int(loaded.model.config.vocab_size))
-    config = loaded.model.config
-    names = [config.id2label.get(i, i) for i in range(config.num_labels)]
-    labels = check_class_names(names, f"{hf.config_dir / CONFIG}: id2label")
+    tokenizer = training_tokenizer(request, hf, loaded, "token classifier")
+    labels = config_labels(hf, loaded.model.config)
     fields = {"task": TASK_TOKEN_CLASSIFICATION, "labels": labels}
     described = f"{hf.architecture} ({len(labels)} token labels: {', '.join(labels[:4])}) with its tokenizer"
     return tokenized_job(request, hf, loaded, tokenizer, Logits(loaded.model), fields, described)

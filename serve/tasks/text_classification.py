@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import orjson
 
 from contract.errors import ClientError
 from contract.manifest import labels_of
@@ -31,25 +30,7 @@ from serve.oip import ServedTensor
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.tasks.base import Serving, checked_top_k
 from serve.tasks.ranking import PREDICTIONS, classifier_outputs, predictions, ranked, with_probabilities
-from serve.tasks.texts import TEXT_TYPES, TextTask, checked_text
-
-
-def texts_of_body(body: bytes, content_type: str, max_chars: int) -> tuple[str, dict[str, Any]]:
-    """POST /classify's text: a JSON `{"text": "...", "top_k": K}` or a text/plain body; and the JSON's other
-    fields. ClientError (400) for anything else."""
-    if content_type == "text/plain":
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ClientError(f"the body is not valid UTF-8 (byte {err.start})") from None
-        return checked_text(text, max_chars, "the body"), {}
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as err:
-        raise ClientError(f"the body is not valid JSON ({str(err)[:120]})") from None
-    if not isinstance(document, dict) or "text" not in document or set(document) - {"text", "top_k"}:
-        raise ClientError('expected a JSON object {"text": "...", "top_k": K}, top_k optional')
-    return checked_text(document["text"], max_chars, '"text"'), {k: v for k, v in document.items() if k != "text"}
+from serve.tasks.texts import TEXT_TYPES, TextTask, text_of_body
 
 
 class TextClassification(TextTask):
@@ -81,7 +62,7 @@ class TextClassification(TextTask):
 
     def encode_body(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> tuple[Encoded, Any]:
         """POST /classify's body as the model's rows, and its top_k (the JSON's, else the query string's)."""
-        text, fields = texts_of_body(body, content_type, self.max_chars)
+        text, fields = text_of_body(body, content_type, self.max_chars, "top_k", "K")
         if params.keys() - {"top_k"}:
             raise ClientError(
                 f"unknown query parameter(s) {', '.join(sorted(params.keys() - {'top_k'}))}; expected top_k"

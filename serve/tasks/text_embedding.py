@@ -18,6 +18,7 @@ A request's texts are tokenized together in a decoding thread and share the mode
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,8 +53,7 @@ class TextEmbedding(TextTask):
             return await self.predict_named(request)
         only_params(request.params, set())
         parse = self._embed_request if route == "/embed" else self._openai_request
-        texts, options = await self.serving.decoders.run(parse, request.body)
-        encoded = await self.serving.decoders.run(self.tokenizer.encode, texts)
+        options, encoded = await self.serving.decoders.run(self._encode_request, parse, request.body)
         if not options["truncate"] and any(encoded.truncated):
             first = encoded.truncated.index(True)
             raise ClientError(
@@ -69,6 +69,13 @@ class TextEmbedding(TextTask):
                 orjson.dumps(np.ascontiguousarray(vectors, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY)
             )
         return Answer(self._openai_answer(vectors, encoded, options["encoding_format"], options["model"]))
+
+    def _encode_request(
+        self, parse: Callable[[bytes], tuple[list[str], dict[str, Any]]], body: bytes
+    ) -> tuple[dict[str, Any], Encoded]:
+        """In a decoding thread: the body's options and its texts' tokens."""
+        texts, options = parse(body)
+        return options, self.tokenizer.encode(texts)
 
     def _texts(self, value: Any, field: str) -> list[str]:
         """A text or a list of texts (1 to HANDOFF_MAX_BATCH_SIZE), each checked as /classify checks one."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import orjson
 
 from contract.errors import ClientError
 from contract.manifest import read_artifact
@@ -81,6 +82,26 @@ def texts_of_elements(elements: list[bytes], max_chars: int) -> list[str]:
             raise ClientError(f"{TEXT_INPUT}[{index}] is not valid UTF-8 (byte {err.start})") from None
         texts.append(checked_text(text, max_chars, f"{TEXT_INPUT}[{index}]"))
     return texts
+
+
+def text_of_body(
+    body: bytes, content_type: str, max_chars: int, option: str, example: str
+) -> tuple[str, dict[str, Any]]:
+    """A text route's body: a JSON `{"text": "...", option: example}` (`option` optional) or the text itself as
+    text/plain; and the JSON's other fields. ClientError (400) for anything else."""
+    if content_type == "text/plain":
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ClientError(f"the body is not valid UTF-8 (byte {err.start})") from None
+        return checked_text(text, max_chars, "the body"), {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise ClientError(f"the body is not valid JSON ({str(err)[:120]})") from None
+    if not isinstance(document, dict) or "text" not in document or set(document) - {"text", option}:
+        raise ClientError(f'expected a JSON object {{"text": "...", "{option}": {example}}}, {option} optional')
+    return checked_text(document["text"], max_chars, '"text"'), {k: v for k, v in document.items() if k != "text"}
 
 
 class TextTask(ServedTask):

@@ -28,12 +28,11 @@ from contract.manifest import labels_of
 from contract.signature import TASK_TOKEN_CLASSIFICATION
 from contract.tokenizer_spec import Encoded
 from serve.endpoint import Answer, Incoming, RouteSchema
-from serve.json_body import parse_json
 from serve.oip import ServedTensor, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.runtime import softmax
 from serve.tasks.base import Serving
-from serve.tasks.texts import TEXT_TYPES, TextTask, checked_text
+from serve.tasks.texts import TEXT_TYPES, TextTask, text_of_body
 
 AGGREGATIONS = ("simple", "none")
 IGNORED = "O"  # the label of a token outside every entity, left out as the pipeline leaves it out
@@ -59,31 +58,23 @@ class TokenClassification(TextTask):
             raise ClientError(
                 'this model finds entities in text: send {"text": "..."} (application/json) or text/plain', 415
             )
-        text, aggregation = await self.serving.decoders.run(
-            self._text_of, request.body, request.content_type, request.params
+        text, aggregation, encoded = await self.serving.decoders.run(
+            self._encode_body, request.body, request.content_type, request.params
         )
-        encoded = await self.serving.decoders.run(self.tokenizer.encode, [text])
         outputs = await self.serving.batched(encoded.rows)
         probabilities = self._own_tokens(outputs["probabilities"], encoded)[0]
         entities = self.entities(text, encoded.spans[0], probabilities, aggregation)
         return Answer({"entities": entities, "truncated": encoded.truncated[0]})
 
-    def _text_of(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> tuple[str, str]:
+    def _encode_body(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> tuple[str, str, Encoded]:
+        """/classify's body (in a decoding thread): its text, the aggregation (the JSON's, else the query string's)
+        and the text's tokens."""
         unknown = sorted(set(params) - {"aggregation"})
         if unknown:
             raise ClientError(f"unknown query parameter(s) {', '.join(unknown)}; expected aggregation")
-        aggregation = params.get("aggregation", ["simple"])[-1]
-        if content_type == "text/plain":
-            try:
-                text = body.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ClientError(f"the body is not valid UTF-8 (byte {err.start})") from None
-            return checked_text(text, self.max_chars, "the body"), self._aggregation(aggregation)
-        document = parse_json(body)
-        if not isinstance(document, dict) or "text" not in document or set(document) - {"text", "aggregation"}:
-            raise ClientError('expected a JSON object {"text": "...", "aggregation": "simple" or "none"}')
-        aggregation = document.get("aggregation", aggregation)
-        return checked_text(document["text"], self.max_chars, '"text"'), self._aggregation(aggregation)
+        text, fields = text_of_body(body, content_type, self.max_chars, "aggregation", '"simple" or "none"')
+        aggregation = self._aggregation(fields.get("aggregation", params.get("aggregation", ["simple"])[-1]))
+        return text, aggregation, self.tokenizer.encode([text])
 
     @staticmethod
     def _aggregation(value: Any) -> str:

@@ -11,8 +11,7 @@ import pytest
 from contract.errors import ClientError
 from contract.tokenizer_spec import TokenizerSettings, pad_to_longest
 from serve.batching import ModelBatcher
-from serve.tasks.text_classification import texts_of_body
-from serve.tasks.texts import PaddedSequences, texts_of_elements
+from serve.tasks.texts import PaddedSequences, text_of_body, texts_of_elements
 
 SETTINGS = TokenizerSettings("tokenizer.json", 8, 0, "[PAD]", "right", ("input_ids", "attention_mask"))
 
@@ -83,15 +82,15 @@ def test_a_batch_of_far_apart_lengths_runs_as_calls_of_like_lengths():
 )
 def test_a_bad_body_is_refused_with_what_is_wrong(body, kind, error):
     with pytest.raises(ClientError, match=error) as refused:
-        texts_of_body(body, kind, 100)
+        text_of_body(body, kind, 100, "top_k", "K")
     assert refused.value.status == 400
 
 
 def test_a_long_text_is_413_and_good_ones_pass():
     with pytest.raises(ClientError) as refused:
-        texts_of_body(b"x" * 101, "text/plain", 100)
+        text_of_body(b"x" * 101, "text/plain", 100, "top_k", "K")
     assert refused.value.status == 413
-    assert texts_of_body(b'{"text": "caf\\u00e9", "top_k": 2}', "application/json", 100) == (
+    assert text_of_body(b'{"text": "caf\\u00e9", "top_k": 2}', "application/json", 100, "top_k", "K") == (
         "café",
         {"top_k": 2},
     )
