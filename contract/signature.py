@@ -14,6 +14,7 @@ from typing import Any
 TASK_IMAGE_CLASSIFICATION = "image-classification"
 TASK_TENSORS = "tensors"
 TASK_TEXT_CLASSIFICATION = "text-classification"  # a Hugging Face classifier with its tokenizer
+TASK_TEXT_RANKING = "text-ranking"  # a Hugging Face cross-encoder (one logit, pairs of texts): a query's texts ranked
 TASK_TOKEN_CLASSIFICATION = "token-classification"  # a Hugging Face token classifier: a text in, its entities out
 TASK_TEXT_EMBEDDING = "text-embedding"  # a Hugging Face encoder with its pooling: a text in, a vector out
 TASK_OBJECT_DETECTION = "object-detection"  # a torchvision detector: an image in, boxes, scores and labels out

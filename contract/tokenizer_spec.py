@@ -13,6 +13,12 @@ one gives more tokens than the model takes: a space ends every pre-tokenizer's w
 SentencePiece's Metaspace), so that prefix's first `max_length` tokens are the whole text's, truncated flag
 included, at a cost that follows the tokens the model uses. export/tasks/text_classification.py checks it against
 transformers.
+
+A model trained on pairs of texts (`pairs` in the manifest: NLI, a cross-encoder) takes `[CLS] a [SEP] b [SEP]`,
+truncated as tokenizers' `longest_first` does: the shorter text keeps its tokens up to half the budget, the longer
+takes the rest. Prefixes give that exactly while at most one text overflows, or both do and the budget is even;
+when both overflow an odd budget, the odd token goes to the text with more tokens in full, which no prefix tells,
+so that pair is tokenized whole (HANDOFF_MAX_TEXT_CHARS bounds it).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class TokenizerSettings:
     pad_token: str
     padding_side: str  # "right" | "left"
     inputs: tuple[str, ...]  # the model's token inputs, in order: input_ids, attention_mask[, token_type_ids]
+    pairs: bool = False  # the model reads pairs of texts (`text`, `text_pair`), never one alone
 
     @classmethod
     def from_manifest(cls, entry: dict[str, Any]) -> TokenizerSettings:
@@ -48,6 +55,7 @@ class TokenizerSettings:
             entry["pad_token"],
             entry["padding_side"],
             tuple(entry["inputs"]),
+            bool(entry.get("pairs", False)),
         )
 
     def to_manifest(self) -> dict[str, Any]:
@@ -59,6 +67,7 @@ class TokenizerSettings:
             "pad_token": self.pad_token,
             "padding_side": self.padding_side,
             "inputs": list(self.inputs),
+            "pairs": self.pairs,
         }
 
 
@@ -86,7 +95,18 @@ class TextTokenizer:
     def encode(self, texts: list[str]) -> Encoded:
         long = {i: encoding for i, text in enumerate(texts) if (encoding := self._enough_of(text)[1]) is not None}
         short = iter(self.tokenizer.encode_batch([text for i, text in enumerate(texts) if i not in long]))
-        encodings = [long[i] if i in long else next(short) for i in range(len(texts))]
+        return self._encoded([long[i] if i in long else next(short) for i in range(len(texts))])
+
+    def encode_pairs(self, pairs: list[tuple[str, str]]) -> Encoded:
+        """Pairs of texts as one model input each, truncated longest-first as transformers does (module docstring)."""
+        odd_budget = (self.settings.max_length - self.tokenizer.num_special_tokens_to_add(True)) % 2 == 1
+        cut = []
+        for first, second in pairs:
+            (a, a_long), (b, b_long) = self._enough_of(first), self._enough_of(second)
+            cut.append((first, second) if odd_budget and a_long is not None and b_long is not None else (a, b))
+        return self._encoded(self.tokenizer.encode_batch(cut))
+
+    def _encoded(self, encodings: list[Any]) -> Encoded:
         parts = [
             {name: np.asarray([getattr(e, ENCODING_FIELDS[name])], dtype=np.int64) for name in self.settings.inputs}
             for e in encodings

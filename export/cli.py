@@ -139,6 +139,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="a Hugging Face model: the folder its tokenizer was saved to (default: beside the config or weights)",
     )
     read.add_argument(
+        "--text-pairs",
+        action="store_true",
+        help="a Hugging Face text classifier trained on pairs of texts (NLI, paraphrase): served on "
+        '{"text": ..., "text_pair": ...}, never one text alone (a one-logit cross-encoder is one already)',
+    )
+    read.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="a Hugging Face config that needs the model's own code (auto_map): allow it; this runs code from the "

@@ -9,7 +9,8 @@ model's maximum length (truncated to it), so the tensor export's parity (export/
 the sequence cut short) runs on real token ids at both extremes and on a batch of mixed lengths. Two checks are a
 text model's own:
 - the served tokenizer (contract/tokenizer_spec.py, the `tokenizers` library) gives the very ids the training
-  tokenizer (transformers) gives, truncation included;
+  tokenizer (transformers) gives, truncation included (for a pair model, on pairs: short and long on either side,
+  and both past the maximum);
 - padding is exact: each text's outputs in the padded batch equal its outputs alone, in every artifact.
 The tokenizer's files and the model's config.json are copied into the export and hashed in the manifest.
 """
@@ -30,7 +31,7 @@ import torch.nn as nn
 from tokenizers import Tokenizer
 
 from contract.manifest import new_tensor_manifest
-from contract.tokenizer_spec import MASK, TOKENIZER_JSON, TextTokenizer, TokenizerSettings
+from contract.tokenizer_spec import MASK, TOKENIZER_JSON, Encoded, TextTokenizer, TokenizerSettings
 from export.job import Job, log_loading, origin_fields
 from export.parity import onnx_sessions
 from export.pipeline import Check, ExportRequest, OwnChecks, tolerance_of, write_tensor_export
@@ -143,6 +144,16 @@ def config_labels(hf: HfCheckpoint, config: Any) -> list[str]:
     return check_class_names(names, f"{hf.config_dir / CONFIG}: id2label")
 
 
+def pipeline_scores(config: Any) -> str:
+    """How transformers' text-classification pipeline scores this classifier's logits (the manifest's `scores`):
+    none for a regression head, sigmoid for independent labels or one, softmax for one label of several."""
+    if config.problem_type == "regression":
+        return "none"
+    if config.problem_type == "multi_label_classification" or config.num_labels == 1:
+        return "sigmoid"
+    return "softmax"
+
+
 def load_tokenizer(folder: Path, trust_remote_code: bool, vocab_size: int) -> Any:
     """The training tokenizer, from files that are the folder's own, checked to fit a model of `vocab_size` ids."""
     import transformers
@@ -183,13 +194,13 @@ def _check_vocabulary(tokenizer: Any, folder: Path, vocab_size: int) -> None:
         )
 
 
-def tokenizer_settings(tokenizer: Any, config: Any) -> TokenizerSettings:
+def tokenizer_settings(tokenizer: Any, config: Any, pairs: bool = False) -> TokenizerSettings:
     limits = [n for n in (tokenizer.model_max_length, getattr(config, "max_position_embeddings", None)) if n]
     max_length = min(n for n in limits if n < 10**6) if any(n < 10**6 for n in limits) else 512
     inputs = tuple(n for n in ("input_ids", MASK, "token_type_ids") if n in tokenizer.model_input_names)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return TokenizerSettings(
-        TOKENIZER_JSON, max_length, pad_id, str(tokenizer.pad_token or ""), tokenizer.padding_side, inputs
+        TOKENIZER_JSON, max_length, pad_id, str(tokenizer.pad_token or ""), tokenizer.padding_side, inputs, pairs
     )
 
 
@@ -207,9 +218,25 @@ def hf_manifest(
     return new_tensor_manifest(hf.architecture, signature, {n: list(d) for n, d in dynamic.items()}, origin, timings)
 
 
-def parity_texts(settings: TokenizerSettings) -> list[str]:
-    """The shortest text, the sentences, and one past the model's maximum length (truncation is checked too)."""
-    return [SHORTEST, *SENTENCES, " ".join(SENTENCES * (settings.max_length // 8 + 1))]
+Sample = tuple[str, ...]  # what one row is made of: a text, or a pair of texts
+
+
+def parity_samples(settings: TokenizerSettings) -> list[Sample]:
+    """The shortest text, the sentences, and one past the model's maximum length (truncation is checked too); for
+    a pair model, pairs of them: short and long on either side, and two past the maximum (tokenized whole where
+    the budget is odd, contract/tokenizer_spec.py)."""
+    long = " ".join(SENTENCES * (settings.max_length // 8 + 1))
+    if not settings.pairs:
+        return [(text,) for text in (SHORTEST, *SENTENCES, long)]
+    turned = zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1], strict=True)
+    return [(SHORTEST, SHORTEST), *turned, (long, SHORTEST), (SHORTEST, long), (long[: len(long) // 2], long)]
+
+
+def encode_samples(served: TextTokenizer, samples: list[Sample]) -> Encoded:
+    """The samples as the service tokenizes them: texts, or pairs for a pair model."""
+    if served.settings.pairs:
+        return served.encode_pairs([(a, b) for a, b in samples])
+    return served.encode([text for (text,) in samples])
 
 
 def tokenized_job(
@@ -220,15 +247,16 @@ def tokenized_job(
     wrapper: nn.Module,
     fields: dict[str, Any],
     described: str,
+    pairs: bool = False,
 ) -> Job:
-    """The export of a text model that takes what `tokenizer` makes: `wrapper` (the model, giving its outputs by
-    name) described and proved on the parity texts, the task's manifest `fields` added, the tokenizer checked and
-    copied into the export."""
+    """The export of a text model that takes what `tokenizer` makes (of pairs of texts, with `pairs`): `wrapper`
+    (the model, giving its outputs by name) described and proved on the parity samples, the task's manifest
+    `fields` added, the tokenizer checked and copied into the export."""
     args, device = request.args, request.device
-    settings = tokenizer_settings(tokenizer, loaded.model.config)
+    settings = tokenizer_settings(tokenizer, loaded.model.config, pairs)
     served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
-    texts = parity_texts(settings)
-    example = Example({n: torch.from_numpy(a) for n, a in served.encode(texts).rows.items()}, keywords=True)
+    samples = parity_samples(settings)
+    example = Example({n: torch.from_numpy(a) for n, a in encode_samples(served, samples).rows.items()}, keywords=True)
     dynamic: dict[str, tuple[int, ...]] = {name: (1,) for name in settings.inputs}
     signature, wrapped = describe(wrapper, example, dynamic)
     log_loading(loaded.src, loaded.unwrapped)
@@ -240,7 +268,7 @@ def tokenized_job(
 
     def text_checks(out: Path) -> tuple[list[str], list[Check]]:
         copied = copy_tokenizer(tokenizer, loaded.model, out)
-        checks = [same_ids(tokenizer, served, texts, settings), *padding_is_exact(served, texts, out, device, args)]
+        checks = [same_ids(tokenizer, served, samples), *padding_is_exact(served, samples, out, device, args)]
         return copied, checks
 
     def write(out: Path) -> int:
@@ -267,31 +295,34 @@ def copy_tokenizer(tokenizer: Any, model: Any, out: Path) -> list[str]:
     return [TOKENIZER_JSON, *copied, CONFIG]
 
 
-def same_ids(
-    tokenizer: Any, served: TextTokenizer, texts: list[str], settings: TokenizerSettings
-) -> tuple[str, str | None]:
-    """The served tokenizer against the training one, on every parity text (one past the maximum length too)."""
-    ours = served.tokenizer.encode_batch(texts)
-    for text, encoding in zip(texts, ours, strict=True):
-        theirs = tokenizer(text, truncation=True, max_length=settings.max_length)["input_ids"]
-        if list(encoding.ids) != list(theirs):
-            return "tokenizer", f"the served tokenizer's ids differ from transformers' for {text[:40]!r}"
+def same_ids(tokenizer: Any, served: TextTokenizer, samples: list[Sample]) -> tuple[str, str | None]:
+    """The served tokenizer against the training one, on every parity sample (past the maximum length too): ids
+    and, where the model takes them, segment ids."""
+    encoded = encode_samples(served, samples)
+    for row, sample in enumerate(samples):
+        theirs = tokenizer(*sample, truncation=True, max_length=served.settings.max_length, return_token_type_ids=True)
+        kept = encoded.rows[MASK][row] == 1
+        for name in ("input_ids", "token_type_ids"):
+            if name in encoded.rows and encoded.rows[name][row][kept].tolist() != list(theirs[name]):
+                shown = " / ".join(text[:30] for text in sample)
+                return "tokenizer", f"the served tokenizer's {name} differ from transformers' for {shown!r}"
     return "tokenizer", None
 
 
 def padding_is_exact(
-    served: TextTokenizer, texts: list[str], out: Path, device: torch.device, args: argparse.Namespace
+    served: TextTokenizer, samples: list[Sample], out: Path, device: torch.device, args: argparse.Namespace
 ) -> list[tuple[str, str | None]]:
-    """In each ONNX session: every text's first output in the padded batch against its output alone."""
+    """In each ONNX session: every sample's first output in the padded batch against its output alone."""
     tol = tolerance_of(args)
-    batch = served.encode(texts).rows
+    batch = encode_samples(served, samples).rows
     checks = []
     for provider, _, session in onnx_sessions(out / "model.onnx", device):
         names = [i.name for i in session.get_inputs()]
         together = session.run(None, {n: batch[n] for n in names})[0]
         worst = 0.0
-        for row, text in enumerate(texts):
-            alone = session.run(None, {n: a for n, a in served.encode([text]).rows.items() if n in names})[0][0]
+        for row, sample in enumerate(samples):
+            alone_rows = encode_samples(served, [sample]).rows
+            alone = session.run(None, {n: a for n, a in alone_rows.items() if n in names})[0][0]
             mine = _own_tokens(together[row], alone.shape, served.settings.padding_side)
             worst = max(worst, float(np.abs(mine - alone).max()))
         scale = float(np.abs(together).max())

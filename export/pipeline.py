@@ -89,6 +89,7 @@ class ExportTask:
     name: str
     recognizes: Callable[[ExportRequest], bool]
     job: Callable[[ExportRequest], Job]
+    takes_pairs: bool = False  # --text-pairs means something to it
 
 
 Check = tuple[str, str | None]  # a task's own check: its name, and why it failed (None: it passed)

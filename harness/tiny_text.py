@@ -1,5 +1,6 @@
 """A WordPiece tokenizer trained on the spot, the way a BERT-style model's is made, for the tests' and benchmarks'
-Hugging Face models (nothing is downloaded): `[CLS] text [SEP]`, lowercased, BERT's pre-tokenizer."""
+Hugging Face models (nothing is downloaded): `[CLS] text [SEP]` (a pair `[CLS] a [SEP] b [SEP]`, b's segment 1),
+lowercased, BERT's pre-tokenizer."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 
-def wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Any:
-    """A transformers fast tokenizer over a WordPiece vocabulary of at most `vocab_size` learnt from `texts`."""
+def wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int, segments: bool = False) -> Any:
+    """A transformers fast tokenizer over a WordPiece vocabulary of at most `vocab_size` learnt from `texts`; with
+    `segments`, giving BERT's `token_type_ids` too (a DistilBERT takes none)."""
     import transformers
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -21,8 +23,9 @@ def wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> A
     backend.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
     cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
     backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
+    names = {"model_input_names": ["input_ids", "token_type_ids", "attention_mask"]} if segments else {}
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend,
         unk_token="[UNK]",
@@ -31,10 +34,13 @@ def wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> A
         sep_token="[SEP]",
         mask_token="[MASK]",
         model_max_length=max_length,
+        **names,
     )
 
 
-def shared_wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int, folder: Path) -> Any:
+def shared_wordpiece_tokenizer(
+    texts: list[str], vocab_size: int, max_length: int, folder: Path, segments: bool = False
+) -> Any:
     """`wordpiece_tokenizer`, made once by rank 0 of a torchrun job and read by every rank from `folder`: the
     tokenizers library's trainer breaks ties in its own hash order, so two processes can learn vocabularies of
     different sizes, and DDP then refuses embeddings whose shapes differ."""
@@ -42,7 +48,7 @@ def shared_wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: in
 
     if int(os.environ.get("RANK", "0")) == 0:
         staging = folder.with_name(folder.name + ".tmp")
-        wordpiece_tokenizer(texts, vocab_size, max_length).save_pretrained(staging)
+        wordpiece_tokenizer(texts, vocab_size, max_length, segments).save_pretrained(staging)
         staging.rename(folder)
     deadline = time.monotonic() + 120
     while not folder.is_dir():

@@ -40,6 +40,7 @@ VERSION = "1"
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
 IMAGE_INPUT = "image"  # an image task's encoded image files, decoded as its own route decodes them
 TEXT_INPUT = "text"  # a text task's UTF-8 texts, tokenized as its own route tokenizes them
+TEXT_PAIR_INPUT = "text_pair"  # a pair model's second texts, one per row of `text`
 # A request body up to this size is parsed on the event loop (tens of microseconds; a thread hop costs more, and
 # the image path already takes one to decode); a larger one (tensors as text, ~50 ms for 3 MB) goes to a thread.
 INLINE_JSON_BYTES = 64 * 1024

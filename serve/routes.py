@@ -4,8 +4,8 @@ serve/router.py dispatches every request from this table: a row that takes a bod
 by the front door first (serve/front_door.py: limits, content types, the request slots); BentoML's own probes are
 listed so the table is whole. The same table gives the OpenAPI document at /docs.json (each task adds its own
 request and answer schemas), the paths with their own /metrics series and the paths open without a key. The model's
-routes (/classify, /detect, /segment, /predict) are answered by the served task (serve/tasks/), or refused by it
-with a 404 that names the routes it does answer.
+routes (/classify, /detect, /segment, /embed, /rerank, /predict, ...) are answered by the served task
+(serve/tasks/), or refused by it with a 404 that names the routes it does answer.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}
 BINARY = {"type": "string", "format": "binary"}
 TEXT_BODY = {
     "type": "object",
-    "properties": {"text": {"type": "string"}, "top_k": TOP_K},
+    "properties": {"text": {"type": "string"}, "text_pair": {"type": "string"}, "top_k": TOP_K},
     "required": ["text"],
     "additionalProperties": False,
 }
@@ -107,7 +107,8 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             "POST",
             "/classify",
             "classes, best first: an image (a multipart form with `image` and `top_k`, or the image as the body), "
-            'or for a text classifier a text ({"text": ..., "top_k": K} or text/plain)',
+            'or for a text classifier a text ({"text": ..., "top_k": K} or text/plain; a pair model\'s '
+            '{"text": ..., "text_pair": ...})',
             HANDOFF,
             task_route("/classify"),
             BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES, *TEXT_TYPES}), CLASSIFY_FIELDS),
@@ -162,6 +163,18 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             '{"input": text or [texts], "model": ...} -> {"object": "list", "data": [...], "usage": ...}',
             HANDOFF,
             task_route("/v1/embeddings"),
+            BodyRoute(frozenset({"application/json"})),
+            request={"application/json": {"schema": JSON_OBJECT}},
+            errors=(400, 404, 408, 413, 415, 429, 503),
+        ),
+        Endpoint(
+            "POST",
+            "/rerank",
+            "a cross-encoder's texts ranked by their relevance to a query, as text-embeddings-inference answers: "
+            '{"query": ..., "texts": [...], "raw_scores": false, "return_text": false, "truncate": false} -> '
+            '[{"index": i, "score": s}, ...], best first',
+            HANDOFF,
+            task_route("/rerank"),
             BodyRoute(frozenset({"application/json"})),
             request={"application/json": {"schema": JSON_OBJECT}},
             errors=(400, 404, 408, 413, 415, 429, 503),

@@ -286,6 +286,14 @@ def embedding_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> P
 
 
 @pytest.fixture(scope="session")
+def pair_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A tiny BERT cross-encoder (one logit) trained on (query, passage) pairs by Hugging Face's Trainer under
+    torchrun (tests/fixtures/hf_pair_trainer.py), its checkpoint-80 exported with no flags (checkpoint-80.export)."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    return _trained_and_exported(shared, "pair_run", "hf_pair_trainer.py", [["{run}/checkpoint-80"]])
+
+
+@pytest.fixture(scope="session")
 def token_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny DistilBERT entity tagger trained by Hugging Face's Trainer under torchrun (tests/fixtures/
     hf_token_trainer.py), its checkpoint-40 exported with no flags (checkpoint-40.export)."""

@@ -141,6 +141,7 @@ def test_bad_texts_get_a_4xx_naming_the_problem(server):
         ({"content": b"\xff\xfe", "headers": {"content-type": "text/plain"}}, 400, "UTF-8"),
         ({"json": {"text": "x" * 2001}}, 413, "HANDOFF_MAX_TEXT_CHARS"),
         ({"content": b"\x89PNG\r\n", "headers": {"content-type": "image/png"}}, 415, "classifies text"),
+        ({"json": {"text": "hi", "text_pair": "there"}}, 400, "--text-pairs"),  # a pair joined silently differs
     ]
     for kwargs, status, words in cases:
         answer = httpx.post(url, timeout=30, **kwargs)

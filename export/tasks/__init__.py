@@ -18,11 +18,13 @@ from export.tasks import (
     tensors,
     text_classification,
     text_embedding,
+    text_ranking,
     token_classification,
 )
 
 TASKS: tuple[ExportTask, ...] = (
     tensors.TASK,
+    text_ranking.TASK,
     text_classification.TASK,
     token_classification.TASK,
     text_embedding.TASK,
@@ -40,6 +42,8 @@ def task_for(request: ExportRequest) -> ExportTask:
     one); ValueError, in one line, for a Hugging Face checkpoint no task takes."""
     for task in TASKS:
         if task.recognizes(request):
+            if request.args.text_pairs and not task.takes_pairs:
+                raise ValueError(f"--text-pairs: for a Hugging Face text classifier; this checkpoint is {task.name}")
             return task
     assert request.hf is not None
     raise ValueError(request.hf.refusal(HF_ARCHITECTURES))

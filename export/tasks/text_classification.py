@@ -1,7 +1,9 @@
 """A Hugging Face text classifier (`*ForSequenceClassification`, a Trainer checkpoint or a save_pretrained folder;
 with --hf-config, a DDP state_dict, an Accelerate or a DCP folder), exported with its tokenizer: texts in, `logits`
-out, its labels from the config's `id2label`. export/hf_text.py builds it, proves it on real texts and checks the
-tokenizer; without a tokenizer anywhere it is exported as a model of token ids.
+out, its labels from the config's `id2label`. One trained on pairs of texts (NLI, paraphrase) is exported with
+--text-pairs: nothing in a checkpoint says so, and a pair joined into one text gives another answer.
+export/hf_text.py builds it, proves it on real texts and checks the tokenizer; without a tokenizer anywhere it is
+exported as a model of token ids.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from export.hf_text import (
     config_labels,
     hf_manifest,
     load_hf_text,
+    pipeline_scores,
     tokenized_job,
     training_tokenizer,
 )
@@ -35,11 +38,15 @@ def text_job(request: ExportRequest) -> Job:
     loaded = load_hf_text(request, hf, "AutoModelForSequenceClassification")
     tokenizer = training_tokenizer(request, hf, loaded, None)
     if tokenizer is None:
+        if args.text_pairs:
+            raise ValueError(f"--text-pairs: no tokenizer beside {hf.config_dir} to join the pairs; --tokenizer DIR")
         return _token_ids_job(request, hf, loaded)
     labels = config_labels(hf, loaded.model.config)
-    fields = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels}
+    fields = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels, "scores": pipeline_scores(loaded.model.config)}
     described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer"
-    return tokenized_job(request, hf, loaded, tokenizer, Logits(loaded.model), fields, described)
+    if args.text_pairs:
+        described += ", on pairs of texts"
+    return tokenized_job(request, hf, loaded, tokenizer, Logits(loaded.model), fields, described, args.text_pairs)
 
 
 def _token_ids_job(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedText) -> Job:
@@ -71,4 +78,4 @@ def is_sequence_classifier(request: ExportRequest) -> bool:
     return request.hf is not None and request.hf.architecture.endswith("ForSequenceClassification")
 
 
-TASK = ExportTask(TASK_TEXT_CLASSIFICATION, is_sequence_classifier, text_job)
+TASK = ExportTask(TASK_TEXT_CLASSIFICATION, is_sequence_classifier, text_job, takes_pairs=True)

@@ -17,6 +17,7 @@ from serve.tasks.semantic_segmentation import SemanticSegmentation
 from serve.tasks.tensors import Tensors
 from serve.tasks.text_classification import TextClassification
 from serve.tasks.text_embedding import TextEmbedding
+from serve.tasks.text_ranking import TextRanking
 from serve.tasks.token_classification import TokenClassification
 
 TASKS: dict[str, type[ServedTask]] = {
@@ -24,6 +25,7 @@ TASKS: dict[str, type[ServedTask]] = {
     for task in (
         ImageClassification,
         TextClassification,
+        TextRanking,
         TextEmbedding,
         TokenClassification,
         ObjectDetection,

@@ -13,9 +13,12 @@ import numpy as np
 
 from serve.oip import ServedTensor, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
-from serve.runtime import best_first, softmax
+from serve.runtime import best_first, sigmoid, softmax
 
 CLASSIFIER_OUTPUTS = ("logits", "probabilities")
+# How a classifier's logits become its scores, by the manifest's `scores` (transformers' pipeline's rule: softmax for
+# one label of several, sigmoid for independent labels or one, none for a regression head)
+SCORE_FUNCTIONS = {"softmax": softmax, "sigmoid": sigmoid, "none": lambda logits: logits}
 PREDICTIONS: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -35,17 +38,19 @@ PREDICTIONS: dict[str, Any] = {
 }
 
 
-def ranked(logits: np.ndarray) -> dict[str, np.ndarray]:
-    probabilities = softmax(logits)
+def ranked(logits: np.ndarray, scores: str = "softmax") -> dict[str, np.ndarray]:
+    """The logits, their scores (`probabilities`: SCORE_FUNCTIONS[scores]) and each row's classes best first."""
+    probabilities = SCORE_FUNCTIONS[scores](logits)
     return {"logits": logits, "probabilities": probabilities, "order": best_first(probabilities)}
 
 
-def predictions(outputs: dict[str, np.ndarray], labels: list[str], top_k: int) -> list[dict[str, Any]]:
-    """One request's classes, best first: the /classify answer's `predictions`."""
+def predictions(
+    outputs: dict[str, np.ndarray], labels: list[str], top_k: int, key: str = "probability"
+) -> list[dict[str, Any]]:
+    """One request's classes, best first: the /classify answer's `predictions` (`key`: "score" for a regression
+    head's values, which are no probabilities)."""
     probabilities = outputs["probabilities"][0].tolist()
-    return [
-        {"label": labels[i], "index": i, "probability": probabilities[i]} for i in outputs["order"][0, :top_k].tolist()
-    ]
+    return [{"label": labels[i], "index": i, key: probabilities[i]} for i in outputs["order"][0, :top_k].tolist()]
 
 
 def with_probabilities(outputs: list[ServedTensor]) -> list[ServedTensor]:
@@ -54,6 +59,9 @@ def with_probabilities(outputs: list[ServedTensor]) -> list[ServedTensor]:
 
 
 def classifier_outputs(
-    request: InferRequest, outputs: dict[str, np.ndarray], labels: list[str] | None
+    request: InferRequest,
+    outputs: dict[str, np.ndarray],
+    labels: list[str] | None,
+    names: tuple[str, ...] = CLASSIFIER_OUTPUTS,
 ) -> list[OutputTensor]:
-    return select_outputs(request, {name: outputs[name] for name in CLASSIFIER_OUTPUTS}, labels)
+    return select_outputs(request, {name: outputs[name] for name in names}, labels)

@@ -6,9 +6,12 @@ transformers, no torch) from the bytes checked against the manifest. A text long
 truncated to it, as the tokenizer was set to do in training, and the answer says so (`"truncated": true`); a text
 past HANDOFF_MAX_TEXT_CHARS is refused (413) before it is tokenized.
 
-- POST /classify: `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`) -> predictions and `truncated`;
+- POST /classify: `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`) -> predictions and `truncated`; a model
+  trained on pairs (`pairs` in the manifest's tokenizer) `{"text": "...", "text_pair": "..."}`, as transformers'
+  text-classification pipeline takes them, truncated longest-first;
 - POST /predict: token ids by name, as any model's inputs;
-- the protocol: `text` (BYTES: UTF-8 texts) in, `logits` and `probabilities` out.
+- the protocol: `text` (BYTES: UTF-8 texts; a pair model's `text_pair` beside them) in, `logits` and
+  `probabilities` out.
 
 Requests of different lengths share a batch (`PaddedSequences`): each is padded to the longest in its batch with
 the pad token and a zero attention mask, which the export proved leaves every row's answer as it is alone. A batch
@@ -17,7 +20,7 @@ holds at most `max_tokens` padded tokens.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -29,22 +32,31 @@ from serve.endpoint import Answer, Incoming, RouteSchema
 from serve.oip import ServedTensor
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.tasks.base import Serving, checked_top_k
-from serve.tasks.ranking import PREDICTIONS, classifier_outputs, predictions, ranked, with_probabilities
-from serve.tasks.texts import TEXT_TYPES, TextTask, text_of_body
+from serve.tasks.ranking import (
+    CLASSIFIER_OUTPUTS,
+    PREDICTIONS,
+    classifier_outputs,
+    predictions,
+    ranked,
+    with_probabilities,
+)
+from serve.tasks.texts import TEXT_TYPES, TextTask, checked_text, text_of_body
 
 
 class TextClassification(TextTask):
     """A text classifier's labels, beside what every text task has."""
 
     name = TASK_TEXT_CLASSIFICATION
-    routes = ("/classify", "/predict")
+    routes: ClassVar[tuple[str, ...]] = ("/classify", "/predict")
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
         self.labels: list[str] = labels_of(self.manifest) or []
+        self.scores: str = self.manifest.get("scores", "softmax")  # older exports: softmax
+        self.score_key = "score" if self.scores == "none" else "probability"  # a regression head's are no probabilities
 
     def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return ranked(self.serving.runtime.run_named(rows)["logits"])
+        return ranked(self.serving.runtime.run_named(rows)["logits"], self.scores)
 
     async def answer(self, route: str, request: Incoming) -> Answer:
         """/classify: a text, `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`), tokenized in a thread;
@@ -52,40 +64,64 @@ class TextClassification(TextTask):
         if route == "/predict":
             return await self.predict_named(request)
         if request.content_type not in TEXT_TYPES:
-            raise ClientError('this model classifies text: send {"text": "..."} (application/json) or text/plain', 415)
+            raise ClientError(f"this model classifies text: send {self.body_example} (application/json)", 415)
         encoded, top_k = await self.serving.decoders.run(
             self.encode_body, request.body, request.content_type, request.params
         )
         top_k = checked_top_k(top_k)
         outputs = await self.serving.batched(encoded.rows)
-        return Answer({"predictions": predictions(outputs, self.labels, top_k), "truncated": encoded.truncated[0]})
+        return Answer(
+            {"predictions": predictions(outputs, self.labels, top_k, self.score_key), "truncated": encoded.truncated[0]}
+        )
+
+    @property
+    def body_example(self) -> str:
+        return (
+            '{"text": "...", "text_pair": "..."}' if self.tokenizer.settings.pairs else '{"text": "..."} or text/plain'
+        )
 
     def encode_body(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> tuple[Encoded, Any]:
-        """POST /classify's body as the model's rows, and its top_k (the JSON's, else the query string's)."""
-        text, fields = text_of_body(body, content_type, self.max_chars, "top_k", "K")
+        """POST /classify's body as the model's rows (a text, or a pair model's pair), and its top_k (the JSON's,
+        else the query string's)."""
+        text, fields = text_of_body(body, content_type, self.max_chars, {"text_pair": '"..."', "top_k": "K"})
         if params.keys() - {"top_k"}:
             raise ClientError(
                 f"unknown query parameter(s) {', '.join(sorted(params.keys() - {'top_k'}))}; expected top_k"
             )
         top_k = fields.get("top_k", params.get("top_k", ["5"])[-1])
-        return self.tokenizer.encode([text]), top_k
+        pair = fields.get("text_pair")
+        if self.tokenizer.settings.pairs != (pair is not None):
+            raise ClientError(
+                f"this model reads a pair of texts: send {self.body_example}"
+                if self.tokenizer.settings.pairs
+                else "this model was exported to classify one text, without text_pair (a classifier trained on pairs "
+                "of texts is exported with --text-pairs)"
+            )
+        if pair is None:
+            return self.tokenizer.encode([text]), top_k
+        return self.tokenizer.encode_pairs([(text, checked_text(pair, self.max_chars, '"text_pair"'))]), top_k
 
     def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
-        """Texts in, the logits and their softmax out."""
+        """Texts in, the logits and their probabilities (softmax or sigmoid, the manifest's `scores`) out."""
         inputs, outputs = super().protocol_tensors()
-        return inputs, with_probabilities(outputs)
+        return inputs, outputs if self.scores == "none" else with_probabilities(outputs)
 
     async def infer(self, request: InferRequest) -> list[OutputTensor]:
         _, encoded = await self.protocol_texts(request)
-        return classifier_outputs(request, await self.serving.batched(encoded.rows), self.labels)
+        names = ("logits",) if self.scores == "none" else CLASSIFIER_OUTPUTS
+        return classifier_outputs(request, await self.serving.batched(encoded.rows), self.labels, names)
 
     def info(self) -> dict[str, Any]:
-        return super().info() | {"labels": self.labels, "tokenizer": self.manifest["tokenizer"]}
+        return super().info() | {"labels": self.labels, "scores": self.scores, "tokenizer": self.manifest["tokenizer"]}
 
     def schemas(self) -> dict[str, RouteSchema]:
         text = {
             "type": "object",
-            "properties": {"text": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1, "maximum": 1000}},
+            "properties": {
+                "text": {"type": "string"},
+                "text_pair": {"type": "string"},
+                "top_k": {"type": "integer", "minimum": 1, "maximum": 1000},
+            },
             "required": ["text"],
             "additionalProperties": False,
         }

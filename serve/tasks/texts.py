@@ -1,6 +1,6 @@
 """What the tasks that take texts share (`TextTask`): the tokenizer from the export's verified bytes, the bound on a
-text, the protocol's BYTES texts checked and tokenized, and the batch shape that lets texts of any length share a
-call, padded (`PaddedSequences`)."""
+text, the protocol's BYTES texts (and a pair model's `text_pair`) checked and tokenized, and the batch shape that
+lets texts of any length share a call, padded (`PaddedSequences`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import orjson
 from contract.errors import ClientError
 from contract.manifest import read_artifact
 from contract.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
-from serve.oip import TEXT_INPUT, ServedTensor
+from serve.oip import TEXT_INPUT, TEXT_PAIR_INPUT, ServedTensor
 from serve.oip_codec import InferRequest
 from serve.tasks.base import ServedTask, Serving
 from serve.tensor_inputs import check_rows
@@ -72,23 +72,21 @@ def checked_text(text: Any, max_chars: int, what: str) -> str:
     return text
 
 
-def texts_of_elements(elements: list[bytes], max_chars: int) -> list[str]:
-    """The protocol's BYTES elements as texts: each UTF-8, not empty, not too long."""
+def texts_of_elements(elements: list[bytes], max_chars: int, name: str = TEXT_INPUT) -> list[str]:
+    """The protocol's BYTES elements of input `name` as texts: each UTF-8, not empty, not too long."""
     texts = []
     for index, element in enumerate(elements):
         try:
             text = element.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise ClientError(f"{TEXT_INPUT}[{index}] is not valid UTF-8 (byte {err.start})") from None
-        texts.append(checked_text(text, max_chars, f"{TEXT_INPUT}[{index}]"))
+            raise ClientError(f"{name}[{index}] is not valid UTF-8 (byte {err.start})") from None
+        texts.append(checked_text(text, max_chars, f"{name}[{index}]"))
     return texts
 
 
-def text_of_body(
-    body: bytes, content_type: str, max_chars: int, option: str, example: str
-) -> tuple[str, dict[str, Any]]:
-    """A text route's body: a JSON `{"text": "...", option: example}` (`option` optional) or the text itself as
-    text/plain; and the JSON's other fields. ClientError (400) for anything else."""
+def text_of_body(body: bytes, content_type: str, max_chars: int, options: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """A text route's body: a JSON `{"text": "...", option: example, ...}` (each of `options` optional) or the text
+    itself as text/plain; and the JSON's other fields. ClientError (400) for anything else."""
     if content_type == "text/plain":
         try:
             text = body.decode("utf-8")
@@ -99,8 +97,9 @@ def text_of_body(
         document = orjson.loads(body)
     except orjson.JSONDecodeError as err:
         raise ClientError(f"the body is not valid JSON ({str(err)[:120]})") from None
-    if not isinstance(document, dict) or "text" not in document or set(document) - {"text", option}:
-        raise ClientError(f'expected a JSON object {{"text": "...", "{option}": {example}}}, {option} optional')
+    if not isinstance(document, dict) or "text" not in document or set(document) - {"text", *options}:
+        shown = "".join(f', "{name}": {example}' for name, example in options.items())
+        raise ClientError(f'expected a JSON object {{"text": "..."{shown}}}, {" and ".join(options)} optional')
     return checked_text(document["text"], max_chars, '"text"'), {k: v for k, v in document.items() if k != "text"}
 
 
@@ -117,23 +116,41 @@ class TextTask(ServedTask):
         self.batch_shape = PaddedSequences(settings, max(self.config.max_batch_tokens, settings.max_length))
 
     def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
-        """Texts in (tokenized by the service), the signature's outputs out."""
+        """Texts in (tokenized by the service; a pair model's second texts beside them), the signature's outputs
+        out."""
         _, outputs = super().protocol_tensors()
-        return [ServedTensor(TEXT_INPUT, "BYTES", (-1,))], outputs
+        return [ServedTensor(name, "BYTES", (-1,)) for name in self.text_inputs], outputs
+
+    @property
+    def text_inputs(self) -> tuple[str, ...]:
+        return (TEXT_INPUT, TEXT_PAIR_INPUT) if self.tokenizer.settings.pairs else (TEXT_INPUT,)
 
     async def protocol_texts(self, request: InferRequest) -> tuple[list[str], Encoded]:
-        """The protocol's `text` input (BYTES [N] or [N, 1]), each text checked, and all tokenized (in a thread)."""
-        texts = request.inputs.get(TEXT_INPUT)
-        if texts is None or len(request.inputs) != 1:
+        """The protocol's `text` input (BYTES [N] or [N, 1]; a pair model's `text_pair` beside it, a pair per row),
+        each text checked, and all tokenized (in a thread)."""
+        names = self.text_inputs
+        if set(request.inputs) != set(names):
+            wanted = " and ".join(f"'{name}'" for name in names)
             given = ", ".join(sorted(request.inputs))
-            raise ClientError(f"send one input, 'text' (BYTES [N]: UTF-8 texts); got {given}")
-        if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
             raise ClientError(
-                f"input 'text' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
+                f"send {'one input' if len(names) == 1 else 'two inputs'}, {wanted} (BYTES [N]: UTF-8 texts"
+                f"{'; row i of each is pair i' if len(names) > 1 else ''}); got {given}"
             )
-        check_rows(len(texts.value), self.config.max_batch_size)
-        return await self.serving.decoders.run(self._tokenized, texts.value)
+        columns = []
+        for name in names:
+            texts = request.inputs[name]
+            if texts.datatype != "BYTES" or len(texts.shape) not in (1, 2) or texts.shape[1:] not in ((), (1,)):
+                raise ClientError(
+                    f"input '{name}' must be BYTES of shape [N] or [N, 1], got {texts.datatype} {list(texts.shape)}"
+                )
+            columns.append(texts.value)
+        if len({len(column) for column in columns}) > 1:
+            raise ClientError(f"'{TEXT_INPUT}' and '{TEXT_PAIR_INPUT}' must hold as many texts: one pair per row")
+        check_rows(len(columns[0]), self.config.max_batch_size)
+        return await self.serving.decoders.run(self._tokenized, columns)
 
-    def _tokenized(self, elements: list[bytes]) -> tuple[list[str], Encoded]:
-        decoded = texts_of_elements(elements, self.max_chars)
-        return decoded, self.tokenizer.encode(decoded)
+    def _tokenized(self, columns: list[list[bytes]]) -> tuple[list[str], Encoded]:
+        decoded = [texts_of_elements(c, self.max_chars, name) for c, name in zip(columns, self.text_inputs)]
+        if len(decoded) == 2:
+            return decoded[0], self.tokenizer.encode_pairs(list(zip(*decoded, strict=True)))
+        return decoded[0], self.tokenizer.encode(decoded[0])

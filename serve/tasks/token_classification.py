@@ -72,7 +72,7 @@ class TokenClassification(TextTask):
         unknown = sorted(set(params) - {"aggregation"})
         if unknown:
             raise ClientError(f"unknown query parameter(s) {', '.join(unknown)}; expected aggregation")
-        text, fields = text_of_body(body, content_type, self.max_chars, "aggregation", '"simple" or "none"')
+        text, fields = text_of_body(body, content_type, self.max_chars, {"aggregation": '"simple" or "none"'})
         aggregation = self._aggregation(fields.get("aggregation", params.get("aggregation", ["simple"])[-1]))
         return text, aggregation, self.tokenizer.encode([text])
 

@@ -82,15 +82,15 @@ def test_a_batch_of_far_apart_lengths_runs_as_calls_of_like_lengths():
 )
 def test_a_bad_body_is_refused_with_what_is_wrong(body, kind, error):
     with pytest.raises(ClientError, match=error) as refused:
-        text_of_body(body, kind, 100, "top_k", "K")
+        text_of_body(body, kind, 100, {"top_k": "K"})
     assert refused.value.status == 400
 
 
 def test_a_long_text_is_413_and_good_ones_pass():
     with pytest.raises(ClientError) as refused:
-        text_of_body(b"x" * 101, "text/plain", 100, "top_k", "K")
+        text_of_body(b"x" * 101, "text/plain", 100, {"top_k": "K"})
     assert refused.value.status == 413
-    assert text_of_body(b'{"text": "caf\\u00e9", "top_k": 2}', "application/json", 100, "top_k", "K") == (
+    assert text_of_body(b'{"text": "caf\\u00e9", "top_k": 2}', "application/json", 100, {"top_k": "K"}) == (
         "café",
         {"top_k": 2},
     )
@@ -128,3 +128,33 @@ def test_a_long_text_is_tokenized_only_as_far_as_the_model_reads_and_gives_the_s
     assert len(read) <= 16 * CHARS_PER_TOKEN * settings.max_length < len(text) // 10  # at most the third prefix
     short = "the film was superb"
     assert served._enough_of(short) == (short, None) and served.encode([short]).truncated == [False]
+
+
+@pytest.mark.parametrize("max_length", [32, 33])  # the pair's budget odd (32 - 3) and even
+def test_pairs_are_truncated_longest_first_as_transformers_truncates_them(max_length):
+    """A pair model's texts: each tokenized only as far as the model reads, except when both overflow an odd
+    budget, where the longer in full takes the odd token; ids, segments and the truncated flag equal transformers'
+    for every mix of short and long, the longer first and second, and two of the same length."""
+    from contract.tokenizer_spec import TextTokenizer
+    from harness.tiny_text import wordpiece_tokenizer
+
+    words = ["the film was superb", "our trip was dull and slow", "a joy to watch"]
+    tokenizer = wordpiece_tokenizer(words, vocab_size=80, max_length=max_length)
+    inputs = ("input_ids", "attention_mask", "token_type_ids")
+    settings = TokenizerSettings("tokenizer.json", max_length, 0, "[PAD]", "right", inputs, pairs=True)
+    served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
+    rng = np.random.default_rng(1)
+    lengths = [1, 3, 14, 15, 16, 40, 41, 300, 301]
+    texts = [" ".join(rng.choice(words, n)) for n in lengths]
+    pairs = [(a, b) for a in texts for b in texts]
+    encoded = served.encode_pairs(pairs)
+    for row, (a, b) in enumerate(pairs):
+        theirs = tokenizer(a, b, truncation=True, max_length=max_length, return_token_type_ids=True)
+        ours = {
+            name: values[row][encoded.rows["attention_mask"][row] == 1].tolist()
+            for name, values in encoded.rows.items()
+        }
+        assert ours["input_ids"] == theirs["input_ids"], (len(a), len(b))
+        assert ours["token_type_ids"] == theirs["token_type_ids"]
+        whole = len(tokenizer(a, b)["input_ids"])
+        assert encoded.truncated[row] == (whole > max_length)

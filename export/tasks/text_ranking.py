@@ -1,0 +1,43 @@
+"""A Hugging Face cross-encoder (a reranker): a `*ForSequenceClassification` with one label, trained on pairs of
+texts (a query and a passage), as sentence-transformers' CrossEncoder and Trainer with `num_labels=1` write it.
+Exported as a text classifier is (export/hf_text.py), on pairs: its tokenizer must join two texts, parity and the
+tokenizer's checks run on pairs (short and long on either side, both past the maximum), and the manifest's
+`text-ranking` task serves it on /rerank (serve/tasks/text_ranking.py).
+"""
+
+from __future__ import annotations
+
+from contract.signature import TASK_TEXT_RANKING
+from export.hf_text import Logits, config_labels, load_hf_text, pipeline_scores, tokenized_job, training_tokenizer
+from export.job import Job
+from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags
+
+
+def ranking_job(request: ExportRequest) -> Job:
+    args, hf = request.args, request.hf
+    assert hf is not None  # TASK recognized it
+    refuse_classifier_flags(args, "a Hugging Face cross-encoder")
+    loaded = load_hf_text(request, hf, "AutoModelForSequenceClassification")
+    tokenizer = training_tokenizer(request, hf, loaded, "cross-encoder")
+    if tokenizer.num_special_tokens_to_add(pair=True) <= tokenizer.num_special_tokens_to_add(pair=False):
+        raise ValueError(
+            f"{hf.config_dir}: the tokenizer has no template for a pair of texts (its post-processor joins one "
+            "text only), and a one-logit classifier is served as a cross-encoder of pairs"
+        )
+    config = loaded.model.config
+    fields = {"task": TASK_TEXT_RANKING, "labels": config_labels(hf, config), "scores": pipeline_scores(config)}
+    described = f"{hf.architecture} (a cross-encoder: one score per pair of texts) with its tokenizer"
+    return tokenized_job(request, hf, loaded, tokenizer, Logits(loaded.model), fields, described, pairs=True)
+
+
+def is_cross_encoder(request: ExportRequest) -> bool:
+    """A sequence classifier with one label (transformers' default is two, when the config lists none)."""
+    hf = request.hf
+    return (
+        hf is not None
+        and hf.architecture.endswith("ForSequenceClassification")
+        and len(hf.config.get("id2label") or {0: 0, 1: 1}) == 1
+    )
+
+
+TASK = ExportTask(TASK_TEXT_RANKING, is_cross_encoder, ranking_job, takes_pairs=True)
