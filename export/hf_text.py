@@ -38,6 +38,7 @@ from export.pipeline import Check, ExportRequest, OwnChecks, tolerance_of, write
 from export.provenance import Provenance, load_checked, trace
 from export.readers import Source, read_source
 from export.readers.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files, tokenizer_folder
+from export.readers.lora import merge, read_adapter
 from export.steps import timed
 from export.tensor_model import Example, describe, first_line
 from export.unwrap import Unwrapped, unwrap_keys
@@ -87,9 +88,13 @@ def load_hf_text(
         src = read_source(hf.weights, trust_pickle=args.trust_pickle, ema=args.ema)
         if hf.weights == hf.config_dir:  # Trainer's checkpoint-N or a save_pretrained folder
             src.kind = "transformers"
+        adapter = read_adapter(hf.adapter) if hf.adapter is not None else None
+        state = merge(adapter, src.state_dict) if adapter is not None else src.state_dict
         model, unwrapped, provenance = build_hf_model(
-            hf, src.state_dict, auto_class, args.trust_remote_code, args.allow_partial, fit
+            hf, state, auto_class, args.trust_remote_code, args.allow_partial, fit
         )
+        if adapter is not None:
+            provenance.adapter = adapter.to_manifest()
     return LoadedText(model, src, unwrapped, provenance)
 
 

@@ -42,6 +42,7 @@ class Provenance:
     unused: list[str] = field(default_factory=list)  # checkpoint tensors not loaded (--allow-partial only)
     outside_model: list[str] = field(default_factory=list)  # the container's own entries (Lightning extras)
     partial: bool = False
+    adapter: dict[str, Any] | None = None  # a LoRA adapter merged into the checkpoint's weights (readers/lora.py)
 
     @property
     def complete(self) -> bool:
@@ -61,6 +62,11 @@ class Provenance:
             f"checkpoint's{tied}; {self.checkpoint_tensors - len(self.unused)} of {self.checkpoint_tensors} "
             f"checkpoint tensors used; sha256 {self.sha256[:16]}"
         )
+        if self.adapter is not None:
+            head += (
+                f"; LoRA adapter merged: {self.adapter['merged']} weights, {len(self.adapter['replaced'])} replaced "
+                f"(all {self.adapter['tensors']} adapter tensors used; sha256 {self.adapter['sha256'][:16]})"
+            )
         if self.partial and not self.complete:
             head += (
                 f"; PARTIAL (--allow-partial): {len(self.not_loaded)} left at initialisation "

@@ -294,6 +294,14 @@ def pair_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def lora_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A LoRA adapter on a tiny DistilBERT classifier trained with PEFT by Hugging Face's Trainer under torchrun
+    (tests/fixtures/hf_lora_trainer.py): base/ and the adapter's checkpoint-60, exported with no flags."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    return _trained_and_exported(shared, "lora_run", "hf_lora_trainer.py", [["{run}/checkpoint-60"]])
+
+
+@pytest.fixture(scope="session")
 def token_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny DistilBERT entity tagger trained by Hugging Face's Trainer under torchrun (tests/fixtures/
     hf_token_trainer.py), its checkpoint-40 exported with no flags (checkpoint-40.export)."""

@@ -4,6 +4,8 @@
     python -m export out/                                   # the newest checkpoint-N in Trainer's output folder
     python -m export state.pt --hf-config base-model/       # a plain DDP state_dict (`module.` keys) and its config
     python -m export accel_state/ --hf-config base-model/   # an Accelerate save_state folder and its config
+    python -m export out/checkpoint-30                      # a PEFT LoRA adapter: merged into the base its
+                                                            # adapter_config.json names (or --hf-config names)
 
 The weights are read as every other checkpoint is (export/readers/folders.py: `model.safetensors`, sharded safetensors
 with their index, `pytorch_model.bin` with weights_only=True). The model is built from the config with
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG = "config.json"
+ADAPTER_CONFIG = "adapter_config.json"  # PEFT's: an adapter's folder, holding no config.json of its own
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 # Every file a tokenizer may be read from, checked to be the folder's own (check_own_files)
 TOKENIZER_READS = (
@@ -56,6 +59,7 @@ class HfCheckpoint:
     config_dir: Path
     weights: Path
     config: dict[str, Any]
+    adapter: Path | None = None  # a LoRA adapter's folder, merged into the weights (export/readers/lora.py)
 
     @property
     def architecture(self) -> str:
@@ -75,7 +79,7 @@ class HfCheckpoint:
 
 def _newest_trainer_checkpoint(folder: Path) -> Path | None:
     steps = [(int(m.group(1)), p) for p in folder.iterdir() if (m := TRAINER_CHECKPOINT.fullmatch(p.name))]
-    steps = [(n, p) for n, p in steps if (p / CONFIG).is_file()]
+    steps = [(n, p) for n, p in steps if (p / CONFIG).is_file() or (p / ADAPTER_CONFIG).is_file()]
     return max(steps)[1] if steps else None
 
 
@@ -105,19 +109,33 @@ def _read_config(folder: Path) -> dict[str, Any]:
 def find_hf_checkpoint(checkpoint: Path, hf_config: Path | None) -> HfCheckpoint | None:
     """The Hugging Face checkpoint at `checkpoint` (with `hf_config`, its config folder), or None when it is not
     one (no config.json beside the weights, and no --hf-config)."""
+    if checkpoint.is_dir() and not (checkpoint / CONFIG).is_file() and not (checkpoint / ADAPTER_CONFIG).is_file():
+        checkpoint = _newest_trainer_checkpoint(checkpoint) or checkpoint
+    if (checkpoint / ADAPTER_CONFIG).is_file() and not (checkpoint / CONFIG).is_file():
+        return _adapter_checkpoint(checkpoint, hf_config)
     if hf_config is not None:
         if not (hf_config / CONFIG).is_file():
             raise ValueError(f"--hf-config={hf_config}: no {CONFIG} there (a save_pretrained or checkpoint folder)")
         return HfCheckpoint(hf_config, checkpoint, _read_config(hf_config))
-    if not checkpoint.is_dir():
+    if not (checkpoint / CONFIG).is_file():
         return None
-    if (checkpoint / CONFIG).is_file():
-        config = _read_config(checkpoint)
-        return HfCheckpoint(checkpoint, checkpoint, config) if "architectures" in config else None
-    newest = _newest_trainer_checkpoint(checkpoint)
-    if newest is None:
-        return None
-    return HfCheckpoint(newest, newest, _read_config(newest))
+    config = _read_config(checkpoint)
+    return HfCheckpoint(checkpoint, checkpoint, config) if "architectures" in config else None
+
+
+def _adapter_checkpoint(folder: Path, hf_config: Path | None) -> HfCheckpoint:
+    """A LoRA adapter's folder: its base model (--hf-config, else the folder its config names), the adapter beside."""
+    from export.readers.lora import read_adapter_config  # it reads this module's file checks
+
+    named = read_adapter_config(folder).get("base_model_name_or_path")
+    base = hf_config if hf_config is not None else Path(str(named)) if named else None
+    if base is None or not (base / CONFIG).is_file():
+        given = f"--hf-config={hf_config}" if hf_config is not None else f"its base_model_name_or_path {named!r}"
+        raise ValueError(
+            f"{folder / ADAPTER_CONFIG}: a LoRA adapter, merged into its base model at export; {given} is not a "
+            "model folder here (nothing is downloaded): --hf-config BASE_DIR names the base's save_pretrained folder"
+        )
+    return HfCheckpoint(base, base, _read_config(base), adapter=folder)
 
 
 def tokenizer_folder(hf: HfCheckpoint, tokenizer: Path | None) -> Path | None:
@@ -126,7 +144,8 @@ def tokenizer_folder(hf: HfCheckpoint, tokenizer: Path | None) -> Path | None:
         if not any((tokenizer / name).is_file() for name in TOKENIZER_FILES):
             raise ValueError(f"--tokenizer={tokenizer}: no tokenizer files there ({', '.join(TOKENIZER_FILES[:2])})")
         return tokenizer
-    for folder in (hf.config_dir, hf.weights if hf.weights.is_dir() else hf.weights.parent):
+    beside = [hf.adapter] if hf.adapter is not None else []  # Trainer saves it with the adapter, trained or not
+    for folder in (*beside, hf.config_dir, hf.weights if hf.weights.is_dir() else hf.weights.parent):
         if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
             return folder
     return None
