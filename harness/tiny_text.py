@@ -56,3 +56,23 @@ def shared_wordpiece_tokenizer(
             raise TimeoutError(f"rank 0 wrote no tokenizer to {folder}")
         time.sleep(0.1)
     return transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+def trainer_arguments(out: Path, steps: int, learning_rate: float, **more: Any) -> Any:
+    """Trainer's arguments as the tests' fixtures train: on the CPU under torchrun's gloo, `steps` steps of 8 rows a
+    process, one checkpoint at the end (checkpoint-`steps`), no reports or progress bars."""
+    import transformers
+
+    return transformers.TrainingArguments(
+        output_dir=str(out),
+        max_steps=steps,
+        save_steps=steps,
+        per_device_train_batch_size=8,
+        learning_rate=learning_rate,
+        use_cpu=True,
+        ddp_backend="gloo",
+        report_to=[],
+        logging_steps=10,
+        disable_tqdm=True,
+        **more,
+    )
