@@ -19,7 +19,7 @@ import transformers
 from conftest import Server, run
 from safetensors.torch import load_file
 
-from contract.manifest import read_manifest_unchecked
+from contract.manifest import read_manifest_unchecked, sha256_file
 
 pytestmark = pytest.mark.xdist_group("lora")
 
@@ -50,6 +50,7 @@ def test_an_adapter_checkpoint_exports_with_no_flags_merged_into_its_base(lora_r
         "pre_classifier.bias",
         "pre_classifier.weight",
     ]
+    assert adapter["sha256"] == sha256_file(lora_run / "checkpoint-60" / "adapter_model.safetensors")
     assert "LoRA adapter merged" in provenance["summary"]
 
 

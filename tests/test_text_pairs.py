@@ -32,6 +32,7 @@ PASSAGES = [
 ]
 LONG_QUERY = "what did you think of the hotel, the show, the game and the meal on our trip this year, all in all?"
 ATOL = 1e-4
+EXPORT = [sys.executable, "-m", "export"]
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +155,3 @@ def test_text_pairs_is_refused_for_a_model_that_does_not_read_texts_in_pairs(tok
     done = run([*EXPORT, str(token_run / "checkpoint-40"), "--text-pairs", "--out", str(tmp_path / "x"), "--no-bento"])
     assert done.returncode != 0 and "--text-pairs" in done.stderr.strip().splitlines()[-1], done.stderr[-800:]
     assert not (tmp_path / "x").exists()
-
-
-EXPORT = [sys.executable, "-m", "export"]

@@ -10,12 +10,11 @@ trained whole (`modules_to_save`: a classifier's head). Merged, a layer's weight
 module trained whole replaces the base's. Every adapter tensor must find its place in the base, with the shapes
 the product needs; anything else (DoRA, per-layer ranks, a bias the adapter trained) is refused in one line until
 tried. The merged state then loads into the model as any checkpoint does, and provenance traces the exported model
-to it; the manifest's `provenance.adapter` records what was merged, with the adapter's own hash.
+to it; the manifest's `provenance.adapter` records what was merged, with the adapter file's sha256.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 
 import torch
 
+from contract.manifest import sha256_file
 from export.readers.hf_checkpoint import ADAPTER_CONFIG, check_own_files
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -54,11 +54,6 @@ class Adapter:
         return alpha / math.sqrt(r) if self.config.get("use_rslora") else alpha / r
 
     def to_manifest(self) -> dict[str, Any]:
-        digest = hashlib.sha256()
-        for name in sorted(self.tensors):
-            tensor = self.tensors[name].contiguous()
-            digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
-            digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
         return {
             "folder": str(self.folder.resolve()),
             "peft_type": "LORA",
@@ -68,7 +63,7 @@ class Adapter:
             "tensors": len(self.tensors),
             "merged": len(self.merged),
             "replaced": self.replaced[:50],
-            "sha256": digest.hexdigest(),
+            "sha256": sha256_file(self.folder / ADAPTER_WEIGHTS),  # the file's own: `sha256sum` checks it
         }
 
 
