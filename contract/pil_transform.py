@@ -68,6 +68,8 @@ class Preprocessor:
     std: np.ndarray
     interpolation: str
     max_pixels: int
+    resize_mode: str = "shorter"  # contract/preprocessing.py's RESIZE_MODES and CROP_OFFSETS
+    crop_offset: str = "round"
 
     @classmethod
     def from_manifest(cls, preprocess: dict[str, Any], max_pixels: int) -> Preprocessor:
@@ -79,6 +81,8 @@ class Preprocessor:
             np.asarray(spec.std, dtype=np.float32).reshape(shape),
             spec.interpolation,
             max_pixels,
+            spec.resize_mode,
+            spec.crop_offset,
         )
 
     def decode(self, data: bytes, fast: bool = False) -> Image.Image:
@@ -135,9 +139,11 @@ class Preprocessor:
             image.draft(image.mode, (math.ceil(width * self.resize / short), math.ceil(height * self.resize / short)))
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
-        """The size the resize gives (shorter side -> `resize`, as torchvision computes it); ClientError (413) for an
-        image so elongated that the result would pass the pixel limit or MAX_ASPECT_RATIO."""
+        """The size the resize gives (shorter side -> `resize`, as torchvision computes it, or `resize` x `resize`);
+        ClientError (413) for an image so elongated that the result would pass the pixel limit or MAX_ASPECT_RATIO."""
         short, long = (width, height) if width <= height else (height, width)
+        if self.resize_mode == "exact" and short >= 1:
+            return self.resize, self.resize  # any aspect: the whole image is squeezed to the square
         if short < 1 or long > MAX_ASPECT_RATIO * short:
             raise ClientError(
                 f"image is {width}x{height}, more than {MAX_ASPECT_RATIO} times longer than it is wide", status=413
@@ -157,7 +163,7 @@ class Preprocessor:
         size = self.resized_size(*image.size)
         if size != image.size:
             image = image.resize(size, _RESAMPLE[self.interpolation])
-        image = _center_crop(image, self.crop).convert("RGB")
+        image = _center_crop(image, self.crop, self.crop_offset).convert("RGB")
         array = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
         return (array - self.mean) / self.std
 
@@ -186,9 +192,12 @@ def _to_8_bit(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def _center_crop(image: Image.Image, size: int) -> Image.Image:
-    """torchvision's center_crop offsets; the resize before it (resize >= crop) leaves no padding to do."""
+def _center_crop(image: Image.Image, size: int, offset: str) -> Image.Image:
+    """torchvision's center_crop offsets (`round`) or transformers' (`floor`); the resize before it (resize >= crop)
+    leaves no padding to do."""
     width, height = image.size
-    top = int(round((height - size) / 2.0))
-    left = int(round((width - size) / 2.0))
+    if (width, height) == (size, size):
+        return image
+    start = (lambda margin: int(round(margin / 2.0))) if offset == "round" else (lambda margin: margin // 2)
+    top, left = start(height - size), start(width - size)
     return image.crop((left, top, left + size, top + size))

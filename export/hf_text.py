@@ -120,13 +120,39 @@ def build_hf_model(
         hf.config_dir, trust_remote_code=trust_remote_code, local_files_only=True
     )
     model = getattr(transformers, auto_class).from_config(config, trust_remote_code=trust_remote_code)
+    state, renamed = renamed_on_load(model, state)
     if fit is not None:
         fit(model, set(unwrap_keys(state, set(model.state_dict())).state_dict))
     unwrapped = unwrap_keys(state, set(model.state_dict()))
+    if renamed:
+        unwrapped.removed.append(f"{renamed} keys renamed as transformers renames them on load")
     what = f"{hf.architecture} (as {hf.config_dir / CONFIG} describes it)"
     loaded, tied = load_checked(model, unwrapped, what, allow_partial)
     model = model.float().eval()
     return model, unwrapped, trace(model, unwrapped, loaded, tied, what, allow_partial)
+
+
+def renamed_on_load(model: Any, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+    """The checkpoint's keys as transformers names them when it loads this model (its checkpoint conversion mapping:
+    a ViT saved as `vit.encoder.layer.0.attention.attention.query` is loaded as `vit.layers.0.attention.q_proj`),
+    and how many were renamed. Only renamings: a mapping that fuses or splits tensors is refused until tried, since
+    each served tensor must be one of the checkpoint's (export/provenance.py)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, apply_renamings
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    own = set(model.state_dict())
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        new = key if key in own else apply_renamings(key, renamings)
+        if any(converter.rename_source_key(new)[1] is not None for converter in converters):
+            raise ValueError(f"{key}: transformers converts this tensor on load (fuses or splits it), until tried")
+        if new in out:
+            raise ValueError(f"{key}: renamed as transformers renames it, it collides with another tensor ({new})")
+        out[new] = tensor
+    return out, sum(1 for key in state if key not in out)
 
 
 def training_tokenizer(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedText, what: str | None) -> Any:

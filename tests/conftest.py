@@ -302,6 +302,14 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def hf_image_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A tiny ViT trained on the digits by Hugging Face's Trainer under torchrun (tests/fixtures/hf_image_trainer.py),
+    its processor saved beside it, checkpoint-300 exported with no flags (checkpoint-300.export)."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    return _trained_and_exported(shared, "hf_image_run", "hf_image_trainer.py", [["{run}/checkpoint-300"]])
+
+
+@pytest.fixture(scope="session")
 def token_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny DistilBERT entity tagger trained by Hugging Face's Trainer under torchrun (tests/fixtures/
     hf_token_trainer.py), its checkpoint-40 exported with no flags (checkpoint-40.export)."""

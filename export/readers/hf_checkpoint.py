@@ -46,7 +46,6 @@ NOT_SERVED_YET = {  # architectures people fine-tune that handoff recognises but
     "ForAudioClassification": "audio classification",
     "ForCTC": "speech recognition",
     "ForSpeechSeq2Seq": "speech recognition",
-    "ForImageClassification": "image classification from a Hugging Face image processor",
 }
 # what works for any of them today: the model as the user builds it, given example inputs (docs/own-model.md)
 ANY_MODEL = "--model module:factory --example inputs.pt exports it as a model of tensors"

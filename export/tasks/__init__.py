@@ -3,15 +3,16 @@ supplies its model (rebuilt and loaded with provenance), its example inputs, its
 its own checks; export/pipeline.py holds the steps they share and export/run.py the whole.
 
 A request goes to the first task that recognizes it, so the order matters: an example names the user's own model; a
-Hugging Face folder a text classifier or a sentence encoder; an architecture a detector or a segmenter; anything
-else is an image classifier. Adding a task: its module here (a `TASK = ExportTask(...)`), one line below, its module
-under serve/tasks/, a docs page and its tests (docs/design.md, "Adding a task").
+Hugging Face folder a text classifier, a sentence encoder or an image classifier; an architecture a detector or a
+segmenter; anything else is an image classifier. Adding a task: its module here (a `TASK = ExportTask(...)`), one
+line below, its module under serve/tasks/, a docs page and its tests (docs/design.md, "Adding a task").
 """
 
 from __future__ import annotations
 
 from export.pipeline import ExportRequest, ExportTask
 from export.tasks import (
+    hf_image_classification,
     image_classification,
     object_detection,
     semantic_segmentation,
@@ -28,13 +29,16 @@ TASKS: tuple[ExportTask, ...] = (
     text_classification.TASK,
     token_classification.TASK,
     text_embedding.TASK,
+    hf_image_classification.TASK,
     object_detection.TASK,
     semantic_segmentation.TASK,
     image_classification.TASK,
 )
 
 
-HF_ARCHITECTURES = "*ForSequenceClassification, *ForTokenClassification and sentence encoders (*Model)"
+HF_ARCHITECTURES = (
+    "*ForSequenceClassification, *ForTokenClassification, *ForImageClassification and sentence encoders (*Model)"
+)
 
 
 def task_for(request: ExportRequest) -> ExportTask:

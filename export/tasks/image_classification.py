@@ -67,9 +67,11 @@ def write_and_check(
     options: CheckOptions,
     manifest: dict[str, Any],
     folder: Path,
+    notes: tuple[str, ...] = (),
 ) -> int:
-    """Write every artifact into `folder`, check each against the eager `model`, and complete the manifest.
-    Returns the exit status: EXIT_OK, or EXIT_PARITY when parity or the INT8 gate failed."""
+    """Write every artifact into `folder`, check each against the eager `model`, and complete the manifest; `notes`:
+    the task's own checks, for the parity summary. Returns the exit status: EXIT_OK, or EXIT_PARITY when parity or
+    the INT8 gate failed."""
     pre = spec.preprocess
     example = torch.randn(EXPORT_BATCH, pre["channels"], pre["crop"], pre["crop"])
     artifact_model = copy.deepcopy(model).half() if options.fp16 else model  # the fp32 model stays the reference
@@ -118,6 +120,7 @@ def write_and_check(
     manifest["parity"] = parity_report(
         results, device, options.fp16, tol, precision, len(inputs), described, not_checked=not_checked
     )
+    manifest["parity"]["summary"].extend(notes)
     if manifest["parity"]["pass"]:
         with timed(timings, "decode_check"):
             check = check_fast_decode(model, pre, images)  # the same real images parity ran on

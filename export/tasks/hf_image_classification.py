@@ -1,0 +1,86 @@
+"""A Hugging Face image classifier (`*ForImageClassification`: ViT, DeiT, BEiT, Swin, ConvNeXT, ResNet... as Trainer's
+checkpoint-N or a save_pretrained folder; with --hf-config any other layout), exported as an image classifier: its
+image processor's resize, crop and normalisation become the manifest's `preprocess`, which the service reproduces,
+and its labels come from the config's `id2label`.
+
+The model is served by the image classification task (serve/tasks/image_classification.py), as a torchvision one is:
+the same input (a normalised square image) and answer (`logits` over the labels). What differs is only where the
+preprocessing comes from, which export/image_processor.py reads and proves against transformers' processor.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import torch
+import torch.nn as nn
+
+from contract.manifest import new_manifest
+from contract.signature import TASK_IMAGE_CLASSIFICATION
+from export.architecture import ModelSpec
+from export.exporters import check_eval_mode
+from export.hf_text import config_labels, load_hf_text
+from export.image_processor import check_processor, load_processor, preprocessing_of, processor_folder, report
+from export.inputs import REAL_IMAGES, real_images
+from export.job import Job, log_loading, origin_fields
+from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
+from export.steps import timed
+from export.tasks.image_classification import CheckOptions, write_and_check
+
+log = logging.getLogger("export")
+ARCHITECTURE = "ForImageClassification"
+AUTO_CLASS = "AutoModelForImageClassification"
+
+
+class PixelLogits(nn.Module):
+    """A transformers image classifier called with the normalised image, giving its logits alone."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values, return_dict=True).logits
+
+
+def hf_image_job(request: ExportRequest) -> Job:
+    args, hf = request.args, request.hf
+    assert hf is not None  # TASK recognized it
+    refuse_classifier_flags(args, "a Hugging Face image classifier", allowed=("int8", "fp16", "samples"))
+    weights_folder = hf.weights if hf.weights.is_dir() else hf.weights.parent
+    folder = processor_folder(hf.config_dir, weights_folder)
+    processor = load_processor(folder, "pil", args.trust_remote_code)
+    try:
+        pre = preprocessing_of(processor)
+    except ValueError as err:
+        raise ValueError(f"{folder}: {err}") from None
+    loaded = load_hf_text(request, hf, AUTO_CLASS)
+    model = PixelLogits(loaded.model).eval()
+    check_eval_mode(model)
+    log_loading(loaded.src, loaded.unwrapped)
+    labels = config_labels(hf, loaded.model.config)
+    preprocess = pre.to_manifest()
+    spec = ModelSpec(hf.architecture, len(labels), labels, preprocess, model, loaded.unwrapped)
+    origin = origin_fields(request.checkpoint, loaded.src, loaded.unwrapped, loaded.provenance)
+    manifest = new_manifest(
+        hf.architecture, labels, preprocess, "float16" if args.fp16 else "float32", origin, request.timings
+    )
+    options = CheckOptions(args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop)
+    with timed(request.timings, "preprocess_check"):
+        photos, _ = real_images(None, args.samples, REAL_IMAGES)
+        check = check_processor(folder, model, preprocess, photos, args.trust_remote_code)
+    if not check.passed:  # the model would be served other pixels than it was trained on
+        raise ValueError(f"{folder}: {check.line()}")
+    manifest["preprocess_check"] = report(check)
+    formats, device = request.checked.formats, request.device
+    write = partial(write_and_check, model, spec, None, formats, device, options, manifest, notes=(check.line(),))
+    described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with {check.processor}"
+    return Job(manifest, write, described)
+
+
+TASK = ExportTask(
+    TASK_IMAGE_CLASSIFICATION,
+    lambda request: request.hf is not None and request.hf.architecture.endswith(ARCHITECTURE),
+    hf_image_job,
+)
