@@ -119,6 +119,14 @@ def get_args_parser() -> argparse.ArgumentParser:
     read.add_argument(
         "--image-size", type=int, default=None, help="input side, when the checkpoint does not say (default: 224)"
     )
+    for side, default in (("min", 800), ("max", 1333)):
+        read.add_argument(
+            f"--{side}-size",
+            type=int,
+            default=None,
+            help=f"a torchvision detector built with {side}_size= (default: its args' {side}_size, else the "
+            f"builder's, {default} for the R-CNNs)",
+        )
     read.add_argument(
         "--labels",
         type=Path,
@@ -251,6 +259,9 @@ def _check_numbers(args: argparse.Namespace, formats: list[str]) -> None:
         raise ValueError(f"--max-accuracy-drop={args.max_accuracy_drop}: 0 or more percentage points")
     if args.image_size is not None:
         check_image_size(args.image_size)
+    for flag, size in (("--min-size", args.min_size), ("--max-size", args.max_size)):
+        if size is not None and not 32 <= size <= 4096:
+            raise ValueError(f"{flag}={size}: a detector's resize target between 32 and 4096 pixels")
     for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
         if value is not None and value < 0:
             raise ValueError(f"{flag}={value}: a tolerance is 0 or more")

@@ -6,6 +6,9 @@ that graph answer differently from the eager model:
   every pixel is resampled on a shifted grid. Here the graph computes the size as eager does, in float64:
   floor(side x min(min_size / short side, max_size / long side)), then resizes to exactly that size (eager's
   `recompute_scale_factor=True` resamples at that size's own scale, so the pixels are eager's).
+- **Masks are not pasted.** Mask R-CNN's postprocess pastes each detection's 28 x 28 mask into an image-sized
+  plane, D x H x W floats for D detections; the graph gives the small masks (`masks` 1 x D x M x M) and the service
+  pastes them as torchvision does (contract/instances.py), only where a box is, in the upload's pixels.
 - **No proposal survives.** On an empty scene an R-CNN's region proposal network can keep no box (a score
   threshold, as fasterrcnn_mobilenet_v3_large_320_fpn has); torchvision's box decoding then reshapes 0 rows with
   `-1`, which ONNX Runtime cannot resolve. Here the decoding names every dimension, so zero boxes decode to zero.
@@ -36,23 +39,41 @@ RESIZE_SWEEP = (
 )
 
 
+def detection_outputs(model: nn.Module) -> tuple[str, ...]:
+    """The graph's outputs: every detector's boxes, scores and labels; Mask R-CNN's masks; Keypoint R-CNN's
+    keypoints (x, y and the keypoint's score, D x K x 3)."""
+    heads: Any = getattr(model, "roi_heads", None)
+    masks = ("masks",) if heads is not None and heads.has_mask() else ()
+    keypoints = ("keypoints",) if heads is not None and heads.has_keypoint() else ()
+    return ("boxes", "scores", "labels", *masks, *keypoints)
+
+
 class DetectionGraph(nn.Module):
-    """The detector called as the export runs it: one image (1 x 3 x H x W, 0..1) in, its detections out."""
+    """The detector called as the export runs it: one image (1 x 3 x H x W, 0..1) in, its detections out (the
+    outputs `detection_outputs` names, each with a leading batch dimension of 1)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.outputs = detection_outputs(model)
 
-    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, ...]:
         found = self.model([image[0]])[0]
-        return found["boxes"][None], found["scores"][None], found["labels"][None]
+        out = [found["boxes"], found["scores"], found["labels"]]
+        if "masks" in self.outputs:  # D x 1 x M x M here (D x 1 x H x W from the untouched eager model)
+            out.append(found["masks"][:, 0])
+        if "keypoints" in self.outputs:
+            out.append(torch.cat([found["keypoints"][..., :2], found["keypoints_scores"][..., None]], dim=-1))
+        return tuple(t[None] for t in out)
 
 
 def exportable(model: nn.Module) -> DetectionGraph:
-    """A copy of `model`, its resize and box decoding written so the traced graph computes what eager does."""
+    """A copy of `model`, its resize, box decoding and mask postprocessing written so the traced graph computes
+    what eager does (less the masks' pasting, the service's)."""
     copied = copy.deepcopy(model).eval()
     transform: Any = copied.transform
     transform.resize = types.MethodType(_resize_as_eager, transform)
+    transform.postprocess = types.MethodType(_postprocess_unpasted, transform)
     for owner in (getattr(copied, "rpn", None), getattr(copied, "roi_heads", None)):
         coder = getattr(owner, "box_coder", None)
         if coder is not None and hasattr(coder, "decode_single"):
@@ -72,6 +93,19 @@ def _resize_as_eager(self: Any, image: torch.Tensor, target: Any = None) -> tupl
     traced_size: Any = (size[0], size[1])  # tensors: the traced graph computes the size, not a constant
     resized = F.interpolate(image[None], size=traced_size, mode="bilinear", align_corners=False)
     return resized[0], target
+
+
+def _postprocess_unpasted(
+    self: Any, result: list[dict[str, torch.Tensor]], image_shapes: list[Any], original_sizes: list[Any]
+) -> list[dict[str, torch.Tensor]]:
+    """torchvision's postprocess (boxes and keypoints back to the image's pixels) with the masks left M x M."""
+    from torchvision.models.detection.transform import resize_boxes, resize_keypoints
+
+    for found, resized, original in zip(result, image_shapes, original_sizes, strict=True):
+        found["boxes"] = resize_boxes(found["boxes"], resized, original)
+        if "keypoints" in found:
+            found["keypoints"] = resize_keypoints(found["keypoints"], resized, original)
+    return result
 
 
 def _decode_any_count(self: Any, rel_codes: torch.Tensor, boxes: list[torch.Tensor]) -> torch.Tensor:

@@ -45,6 +45,7 @@ class Matched:
     worst_box_px: float
     worst_score: float
     reason: str | None  # None: each of the TOP_MATCHED best agrees
+    pairs: tuple[tuple[int, int], ...] = ()  # (reference's index, other's index) of each match
 
 
 def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
@@ -70,7 +71,7 @@ def match_detections(
     if len(reference.scores) >= detections_per_image and len(reference.scores):
         cut = max(cut, float(reference.scores.min()))
     worst_box = worst_score = 0.0
-    matched = 0
+    pairs = []
     missing = []
     for i in map(int, order):
         box_gap = np.abs(other.boxes - reference.boxes[i]).max(axis=1) if len(other.boxes) else np.zeros(0)
@@ -80,7 +81,7 @@ def match_detections(
         if fits.any():
             j = int(np.flatnonzero(fits)[np.argmin(score_gap[fits])])
             taken[j] = True
-            matched += 1
+            pairs.append((i, j))
             worst_box, worst_score = max(worst_box, float(box_gap[j])), max(worst_score, float(score_gap[j]))
         elif reference.scores[i] > cut + SCORE_TOLERANCE:
             missing.append(i)
@@ -94,7 +95,7 @@ def match_detections(
     extra = [int(j) for j in np.flatnonzero(~taken) if other.scores[j] > cut + SCORE_TOLERANCE]
     if extra and reason is None and other.scores[extra[0]] > below + SCORE_TOLERANCE:
         reason = _described(other, extra[0], f"among the {TOP_MATCHED} best, found only by the artifact")
-    return Matched(matched, len(order), unmatched + len(extra), worst_box, worst_score, reason)
+    return Matched(len(pairs), len(order), unmatched + len(extra), worst_box, worst_score, reason, tuple(pairs))
 
 
 def _swap(reference: Detections, i: int, other: Detections, taken: np.ndarray, nms_threshold: float) -> bool:

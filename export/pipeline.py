@@ -153,6 +153,7 @@ CLASSIFIER_ONLY = {
     "image_size": "--image-size",
     "samples": "--samples",
 }
+DETECTOR_ONLY = {"min_size": "--min-size", "max_size": "--max-size"}
 
 
 def refuse_classifier_flags(args: argparse.Namespace, what: str, allowed: tuple[str, ...] = ()) -> None:
@@ -160,6 +161,13 @@ def refuse_classifier_flags(args: argparse.Namespace, what: str, allowed: tuple[
     given = [flag for attr, flag in CLASSIFIER_ONLY.items() if attr not in allowed and getattr(args, attr)]
     if given:
         raise ValueError(f"{', '.join(given)}: for image classifiers; {what} takes none")
+    refuse_detector_flags(args, what, allowed)
+
+
+def refuse_detector_flags(args: argparse.Namespace, what: str, allowed: tuple[str, ...] = ()) -> None:
+    given = [flag for attr, flag in DETECTOR_ONLY.items() if attr not in allowed and getattr(args, attr, None)]
+    if given:
+        raise ValueError(f"{', '.join(given)}: for torchvision detectors; {what} takes neither")
 
 
 def _skip_formats_that_cannot_run(

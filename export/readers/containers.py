@@ -112,6 +112,8 @@ def _torchvision_reference_hints(args: dict[str, Any]) -> dict[str, Any]:
         "data": args.get("data_path"),  # its ImageFolder root: train/ and val/
         "rpn_score_thresh": args.get("rpn_score_thresh"),  # references/detection/train.py's, an R-CNN's own setting
         "aux_loss": args.get("aux_loss"),  # references/segmentation/train.py's: the model has an aux classifier
+        "min_size": args.get("min_size"),  # a detection script's own: the builder's min_size= and max_size=
+        "max_size": args.get("max_size"),
     }
     return {k: v for k, v in hints.items() if v is not None}
 

@@ -39,7 +39,15 @@ from export.inputs import REAL_IMAGES, parity_inputs, real_images
 from export.int8 import quantize, report_dict
 from export.job import Job, log_loading, origin_fields
 from export.parity import Tolerance, parity_report, pin_precision, run_parity
-from export.pipeline import EXIT_OK, EXIT_PARITY, ExportRequest, ExportTask, close_manifest, tolerance_of
+from export.pipeline import (
+    EXIT_OK,
+    EXIT_PARITY,
+    ExportRequest,
+    ExportTask,
+    close_manifest,
+    refuse_detector_flags,
+    tolerance_of,
+)
 from export.provenance import trace, whole_module
 from export.steps import timed
 
@@ -144,6 +152,7 @@ def write_and_check(
 
 def classifier_job(request: ExportRequest) -> Job:
     args, src = request.args, request.source
+    refuse_detector_flags(args, "an image classifier")
     with timed(request.timings, "load"):
         spec = resolve_model(src, args.arch, args.model, args.image_size, request.checked.labels)
         loads = src.module is None or args.arch or args.model  # else the pickled module is the model

@@ -1,10 +1,12 @@
-"""Export a torchvision detector (Faster R-CNN, RetinaNet, FCOS, SSD, SSDlite, Mask R-CNN's boxes): its checkpoint
-in, one ONNX graph that takes an image and gives its detections, proven against the eager model on real photos.
+"""Export a torchvision detector (Faster R-CNN, RetinaNet, FCOS, SSD, SSDlite, Mask R-CNN, Keypoint R-CNN): its
+checkpoint in, one ONNX graph that takes an image and gives its detections, proven against the eager model on real
+photos.
 
 The graph holds the whole model as torchvision runs it: the transform (resize to the model's min_size/max_size,
 normalize), the network, and the postprocessing with its NMS, score threshold and detections per image, boxes
 mapped back to the image's own pixels. It takes one image, `image` 1 x 3 x H x W (RGB, floats in 0..1, any H and
-W), and gives `boxes` 1 x D x 4, `scores` 1 x D and `labels` 1 x D for the D detections it kept. One image per
+W), and gives `boxes` 1 x D x 4, `scores` 1 x D and `labels` 1 x D for the D detections it kept (Mask R-CNN also
+`masks` 1 x D x M x M, each over its box; Keypoint R-CNN `keypoints` 1 x D x K x 3: x, y, score). One image per
 call because torchvision's detectors size and postprocess each image on its own (a batch is a list of images of
 their own sizes); the service runs a batch's images one after another in its model thread.
 
@@ -14,7 +16,11 @@ for detection, from a copy whose resize and box decoding are written so the grap
 torch.export files are skipped with that reason. Parity (export/detection_parity.py) against the untouched eager
 model: scikit-learn's photos at several sizes, sizes where a float32 resize rounds, and an empty scene (where an
 R-CNN's region proposal network may keep no box); and the graph's resized size against eager's over a sweep.
-A detector that finds nothing on any of them is "not checked": no detection anywhere matches trivially.
+A detector that finds nothing on any of them is "not checked": no detection anywhere matches trivially. Masks and
+keypoints are compared on the matched detections (export/instance_parity.py).
+
+Sizes: torchvision's builders take `min_size` and `max_size`, which no checkpoint records; a training script that
+passes them (Mask and Keypoint R-CNN resize to 800 by default) names them in its `args`, or --min-size and --max-size.
 """
 
 from __future__ import annotations
@@ -28,10 +34,17 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from contract.instances import MASK_THRESHOLD
 from contract.manifest import ONNX, embedded_fields, new_tensor_manifest
 from contract.signature import TASK_OBJECT_DETECTION, Signature, TensorSpec
 from export.architecture import load_by_heads
-from export.detection_graph import DetectionGraph, exportable, no_proposal_failure, resize_mismatch
+from export.detection_graph import (
+    DetectionGraph,
+    detection_outputs,
+    exportable,
+    no_proposal_failure,
+    resize_mismatch,
+)
 from export.detection_parity import (
     BOX_TOLERANCE_PX,
     MIN_MATCHED_SHARE,
@@ -41,6 +54,7 @@ from export.detection_parity import (
     match_detections,
 )
 from export.exporters import OPSET
+from export.instance_parity import InstanceGaps
 from export.job import Job, log_loading, origin_fields
 from export.parity import Comparison, Tolerance, onnx_sessions, parity_report, pin_precision
 from export.pipeline import ExportRequest, ExportTask, close_manifest, refuse_classifier_flags
@@ -53,7 +67,7 @@ log = logging.getLogger("export")
 # last two round differently in float32 at min_size 320. Then EMPTY_SCENE: one grey image, nothing in it.
 PARITY_SIZES = ((427, 640), (480, 360), (240, 320), (200, 200), (326, 363))
 EMPTY_SCENE = (240, 320)
-OUTPUTS = ("boxes", "scores", "labels")
+KEYPOINT_WEIGHT = "roi_heads.keypoint_predictor.kps_score_lowres.weight"  # in_channels x K x 4 x 4
 
 
 def detection_architectures() -> list[str]:
@@ -63,7 +77,7 @@ def detection_architectures() -> list[str]:
 
 
 def is_detector(arch: str | None) -> bool:
-    return arch is not None and arch in detection_architectures() and not arch.startswith("keypointrcnn")
+    return arch is not None and arch in detection_architectures()
 
 
 def _build(arch: str, num_classes: int, hints: dict[str, Any]) -> nn.Module:
@@ -72,7 +86,16 @@ def _build(arch: str, num_classes: int, hints: dict[str, Any]) -> nn.Module:
     kwargs: dict[str, Any] = {"weights": None, "weights_backbone": None, "num_classes": num_classes}
     if "rcnn" in arch and hints.get("rpn_score_thresh") is not None:  # as references/detection/train.py builds it
         kwargs["rpn_score_thresh"] = float(hints["rpn_score_thresh"])
+    for size in ("min_size", "max_size", "num_keypoints"):
+        if hints.get(size) is not None:
+            kwargs[size] = int(hints[size])
     return torchvision.models.get_model(arch, **kwargs)
+
+
+def _keypoint_count(state: dict[str, torch.Tensor]) -> int | None:
+    """Keypoint R-CNN's K, from its keypoint predictor's weight (any wrapper prefix), else None."""
+    found = [tensor for key, tensor in state.items() if key.endswith(KEYPOINT_WEIGHT)]
+    return int(found[0].shape[1]) if found and found[0].ndim == 4 else None
 
 
 def detection_settings(model: nn.Module) -> dict[str, Any]:
@@ -80,7 +103,11 @@ def detection_settings(model: nn.Module) -> dict[str, Any]:
     `detection`): an R-CNN keeps them in its roi_heads, the one-stage detectors on themselves."""
     heads: Any = getattr(model, "roi_heads", model)
     transform: Any = model.transform
+    outputs = detection_outputs(model)
+    predictor: Any = getattr(heads, "keypoint_predictor", None)
     return {
+        "masks": {"resolution": 28, "threshold": MASK_THRESHOLD} if "masks" in outputs else None,
+        "keypoints": int(predictor.kps_score_lowres.out_channels) if "keypoints" in outputs else None,
         "score_threshold": float(heads.score_thresh),
         "nms_threshold": float(heads.nms_thresh),
         "detections_per_image": int(heads.detections_per_img),
@@ -92,13 +119,20 @@ def detection_settings(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def detection_signature() -> Signature:
+def detection_signature(settings: dict[str, Any]) -> Signature:
+    masks = settings.get("masks")
+    keypoints = settings.get("keypoints")
+    extra = (
+        *([TensorSpec("masks", "float32", (-1, -1, masks["resolution"], masks["resolution"]))] if masks else []),
+        *([TensorSpec("keypoints", "float32", (-1, -1, keypoints, 3))] if keypoints else []),
+    )
     return Signature(
         (TensorSpec("image", "float32", (-1, 3, -1, -1)),),
         (
             TensorSpec("boxes", "float32", (-1, -1, 4)),
             TensorSpec("scores", "float32", (-1, -1)),
             TensorSpec("labels", "int64", (-1, -1)),
+            *extra,
         ),
     )
 
@@ -120,14 +154,15 @@ def detection_job(request: ExportRequest) -> Job:
     """--labels: one name per class index (index 0 is torchvision's background)."""
     args, src, arch, timings, device = request.args, request.source, str(request.arch), request.timings, request.device
     labels, checkpoint = request.checked.labels, request.checkpoint
-    refuse_classifier_flags(args, "a detector", allowed=("arch", "labels"))
-    hints = src.preprocess_hints
+    refuse_classifier_flags(args, "a detector", allowed=("arch", "labels", "min_size", "max_size"))
+    hints = {**src.preprocess_hints, "num_keypoints": _keypoint_count(src.state_dict)}
+    hints |= {size: getattr(args, size) for size in ("min_size", "max_size") if getattr(args, size, None)}
     make = lambda n: _build(arch, n, hints)  # noqa: E731
     model, unwrapped, labels, provenance = load_by_heads(make, src, arch, labels, timings, args.allow_partial)
     log_loading(src, unwrapped)
     settings = detection_settings(model)
     origin = origin_fields(checkpoint, src, unwrapped, provenance)
-    manifest = new_tensor_manifest(arch, detection_signature(), {"image": [2, 3]}, origin, timings)
+    manifest = new_tensor_manifest(arch, detection_signature(settings), {"image": [2, 3]}, origin, timings)
     manifest |= {
         "task": TASK_OBJECT_DETECTION,
         "labels": labels,
@@ -144,6 +179,7 @@ def export_detection_onnx(graph: DetectionGraph, path: Path, metadata: dict[str,
     import onnx
 
     example = torch.from_numpy(parity_images()[2])
+    outputs = list(graph.outputs)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's tracer warnings are torchvision's known ones
         torch.onnx.export(
@@ -153,8 +189,8 @@ def export_detection_onnx(graph: DetectionGraph, path: Path, metadata: dict[str,
             dynamo=False,
             opset_version=OPSET,
             input_names=["image"],
-            output_names=list(OUTPUTS),
-            dynamic_axes={"image": {2: "height", 3: "width"}, **{name: {1: "detections"} for name in OUTPUTS}},
+            output_names=outputs,
+            dynamic_axes={"image": {2: "height", 3: "width"}, **{name: {1: "detections"} for name in outputs}},
         )
     model = onnx.load(str(path))
     model.metadata_props.extend(onnx.StringStringEntryProto(key=k, value=v) for k, v in metadata.items())
@@ -164,13 +200,19 @@ def export_detection_onnx(graph: DetectionGraph, path: Path, metadata: dict[str,
 
 def compare_detections(
     model: nn.Module, folder: Path, device: torch.device, settings: dict[str, Any]
-) -> tuple[list[Comparison], str | None]:
+) -> tuple[list[Comparison], str | None, str | None]:
     """Each ONNX session's detections against the untouched eager model's on every parity image (module
-    docstring's rule); and why that compared nothing (no detection on any image), or None."""
+    docstring's rule), masks and keypoints on the matched ones; why that compared nothing (no detection on any
+    image), or None; and the masks' and keypoints' line of the report, or None."""
     images = parity_images()
     reference = DetectionGraph(model).to(device).eval()
+    names = reference.outputs
     with torch.no_grad():
-        eager = [Detections(*(t[0].cpu().numpy() for t in reference(torch.from_numpy(x).to(device)))) for x in images]
+        eager_outputs = [
+            dict(zip(names, (t[0].cpu().numpy() for t in reference(torch.from_numpy(x).to(device))), strict=True))
+            for x in images
+        ]
+    eager = [Detections(found["boxes"], found["scores"], found["labels"]) for found in eager_outputs]
     model.to("cpu")
     nothing = not any(len(e.scores) for e in eager)
     not_checked = (
@@ -179,27 +221,33 @@ def compare_detections(
         if nothing
         else None
     )
-    graph_failure = no_proposal_failure(folder / ONNX, images[-1])
+    # Only a region proposal network with a score threshold can keep no proposal (with none, it keeps its top-n)
+    rpn_threshold = float(getattr(getattr(model, "rpn", None), "score_thresh", 0.0))
+    graph_failure = no_proposal_failure(folder / ONNX, images[-1]) if rpn_threshold > 0 else None
     if settings.get("fixed_size") is None:  # SSD resizes to one fixed size: nothing rounds
         graph_failure = graph_failure or resize_mismatch(folder / ONNX, settings["min_size"][-1], settings["max_size"])
-    results = []
+    results, instances = [], InstanceGaps()
     for provider, kind, session in onnx_sessions(folder / ONNX, device):
         worst_box = worst_score = 0.0
         matched = total = unmatched = 0
         reason = graph_failure
-        for x, expected in zip(images, eager, strict=True):
+        for x, expected, eager_found in zip(images, eager, eager_outputs, strict=True):
+            where = f"{x.shape[2]} x {x.shape[3]}"
             try:
-                got = Detections(*(a[0] for a in session.run(list(OUTPUTS), {"image": x})))
+                graph_found = dict(zip(names, (a[0] for a in session.run(list(names), {"image": x})), strict=True))
             except Exception as err:  # noqa: BLE001 - a graph that cannot run an image fails parity, in a line
-                reason = reason or f"{x.shape[2]} x {x.shape[3]}: onnxruntime raised: {first_line(err)}"
+                reason = reason or f"{where}: onnxruntime raised: {first_line(err)}"
                 continue
+            got = Detections(graph_found["boxes"], graph_found["scores"], graph_found["labels"])
             found = match_detections(
                 expected, got, settings["score_threshold"], settings["detections_per_image"], settings["nms_threshold"]
             )
+            instances.add(eager_found, graph_found, found.pairs, where)
             worst_box, worst_score = max(worst_box, found.worst_box_px), max(worst_score, found.worst_score)
             matched, total, unmatched = matched + found.matched, total + found.of, unmatched + found.unmatched
             if found.reason and reason is None:
                 reason = f"{x.shape[2]} x {x.shape[3]}: {found.reason}"
+        reason = reason or instances.reason
         share = matched / total if total else None  # nothing to match: said, not counted as 100%
         if reason is None and total and unmatched / total > 1 - MIN_MATCHED_SHARE:
             alike = len({round(float(v), 4) for e in eager for v in e.scores}) == 1
@@ -211,7 +259,7 @@ def compare_detections(
         results.append(
             Comparison(ONNX, "onnxruntime", provider, kind, worst_box, worst_score, share, reason is None, reason)
         )
-    return results, not_checked
+    return results, not_checked, instances.line()
 
 
 def detection_summary(results: list[Comparison], device: torch.device, rest: list[str]) -> list[str]:
@@ -245,7 +293,7 @@ def write_detection_export(model: nn.Module, device: torch.device, manifest: dic
     manifest["onnx"] = {"opset": OPSET, "external_data": False, "exporter": "torchscript (dynamo=False)"}
     precision = pin_precision()
     with timed(manifest["timings"], "parity"):
-        results, not_checked = compare_detections(model, folder, device, manifest["detection"])
+        results, not_checked, instance_line = compare_detections(model, folder, device, manifest["detection"])
     reason = "torchvision's detectors take a list of images sized at run time; exported to ONNX only"
     tolerance = Tolerance(BOX_TOLERANCE_PX, SCORE_TOLERANCE, 1.0)
     described = (
@@ -266,9 +314,8 @@ def write_detection_export(model: nn.Module, device: torch.device, manifest: dic
         batch_sizes=[1],
         not_checked=not_checked,
     )
-    manifest["parity"]["summary"] = detection_summary(
-        results, device, manifest["parity"]["summary"][2 + len(results) :]
-    )
+    rest = manifest["parity"]["summary"][2 + len(results) :]
+    manifest["parity"]["summary"] = detection_summary(results, device, [instance_line] if instance_line else []) + rest
     return close_manifest(manifest, folder, [ONNX])
 
 
