@@ -15,6 +15,8 @@ by nearest neighbour (`rle` with `to_size`), without building the upload-sized p
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 MASK_THRESHOLD = 0.5
@@ -98,10 +100,10 @@ def _compressed(counts: list[int]) -> str:
     return "".join(out)
 
 
-def decoded(encoded: dict[str, object]) -> np.ndarray:
+def decoded(encoded: dict[str, Any]) -> np.ndarray:
     """The boolean mask a compressed RLE describes (the inverse of `rle`, for tests and clients in Python)."""
     text = str(encoded["counts"])
-    height, width = (int(v) for v in encoded["size"])  # type: ignore[union-attr]
+    height, width = (int(v) for v in encoded["size"])
     counts: list[int] = []
     position = 0
     while position < len(text):
