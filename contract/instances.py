@@ -41,24 +41,54 @@ def resize_plane(plane: np.ndarray, height: int, width: int) -> np.ndarray:
     return upper * (1 - down)[:, None] + lower * down[:, None]
 
 
-def paste_mask(mask: np.ndarray, box: np.ndarray, height: int, width: int) -> np.ndarray:
-    """One M x M mask of probabilities pasted into a `height` x `width` image at `box` (x1, y1, x2, y2), as
-    torchvision's paste_masks_in_image pastes it (float32, zero outside the box)."""
-    size = mask.shape[-1]
-    padded = np.pad(mask.astype(np.float32), PADDING)
+def pasted_box(box: np.ndarray, size: int) -> tuple[int, int, int, int]:
+    """Where torchvision pastes an M x M mask (`size` = M) for `box`: the box widened by the mask's padding, in whole
+    pixels (float32 arithmetic, then truncation toward zero, as torch's `.to(torch.int64)`), x2 and y2 included."""
     scale = np.float32((size + 2 * PADDING) / size)
     box = box.astype(np.float32)
     half_w, half_h = (box[2] - box[0]) * np.float32(0.5) * scale, (box[3] - box[1]) * np.float32(0.5) * scale
     centre_x, centre_y = (box[2] + box[0]) * np.float32(0.5), (box[3] + box[1]) * np.float32(0.5)
-    # float32 arithmetic then truncation toward zero, as torch's `.to(torch.int64)`
     x1, y1, x2, y2 = (int(v) for v in (centre_x - half_w, centre_y - half_h, centre_x + half_w, centre_y + half_h))
+    return x1, y1, x2, y2
+
+
+def paste_region(mask: np.ndarray, box: np.ndarray, height: int, width: int) -> tuple[int, int, np.ndarray]:
+    """One M x M mask of probabilities pasted at `box` (x1, y1, x2, y2) as torchvision's paste_masks_in_image pastes
+    it into a `height` x `width` image, but only the part inside the box: (top, left, that part, float32)."""
+    x1, y1, x2, y2 = pasted_box(box, mask.shape[-1])
     w, h = max(x2 - x1 + 1, 1), max(y2 - y1 + 1, 1)
-    resized = resize_plane(padded, h, w)
-    image = np.zeros((height, width), dtype=np.float32)
     left, right, top, bottom = max(x1, 0), min(x2 + 1, width), max(y1, 0), min(y2 + 1, height)
-    if right > left and bottom > top:
-        image[top:bottom, left:right] = resized[top - y1 : bottom - y1, left - x1 : right - x1]
+    if right <= left or bottom <= top:
+        return 0, 0, np.zeros((0, 0), dtype=np.float32)
+    resized = resize_plane(np.pad(mask.astype(np.float32), PADDING), h, w)
+    return top, left, resized[top - y1 : bottom - y1, left - x1 : right - x1]
+
+
+def paste_mask(mask: np.ndarray, box: np.ndarray, height: int, width: int) -> np.ndarray:
+    """The whole `height` x `width` image of `paste_region` (zero outside the box), as torchvision returns it."""
+    image = np.zeros((height, width), dtype=np.float32)
+    top, left, region = paste_region(mask, box, height, width)
+    image[top : top + region.shape[0], left : left + region.shape[1]] = region
     return image
+
+
+def rle_of_region(region: np.ndarray, top: int, left: int, height: int, width: int) -> dict[str, object]:
+    """COCO's compressed RLE of a `height` x `width` mask that is False outside `region` (boolean, its corner at
+    `top`, `left`): the changes found in the region's columns, never building the whole picture."""
+    h, w = region.shape
+    padded = np.zeros((h + 2, w), dtype=bool)  # a False row above and below: the picture's rows top - 1 .. top + h
+    padded[1:-1] = region
+    at_column, at_row = np.nonzero((padded[1:] != padded[:-1]).T)  # sorted by column, then row
+    rows = at_row + top  # the picture's row where the value changes, from the row above
+    inside = (rows >= 1) & (rows <= height - 1)  # a change at row 0 is a change across columns, below
+    positions = [(at_column[inside] + left) * height + rows[inside]]
+    top_row, bottom_row = np.zeros(width, dtype=bool), np.zeros(width, dtype=bool)
+    if top == 0 and h:
+        top_row[left : left + w] = region[0]
+    if top + h == height and h:
+        bottom_row[left : left + w] = region[-1]
+    positions.append(np.flatnonzero(top_row != np.concatenate([[False], bottom_row[:-1]])) * height)
+    return _runs(np.sort(np.concatenate(positions)), height * width, (height, width))
 
 
 def rle(binary: np.ndarray, to_size: tuple[int, int] | None = None) -> dict[str, object]:
@@ -76,9 +106,13 @@ def rle(binary: np.ndarray, to_size: tuple[int, int] | None = None) -> dict[str,
     inside = np.repeat(np.arange(out_w) * out_h, count) + at_row[np.repeat(first[:-1][source], count) + within] + 1
     top, bottom = columns[0][source], columns[-1][source]
     across = np.flatnonzero(top != np.concatenate([[False], bottom[:-1]])) * out_h
-    positions = np.sort(np.concatenate([inside, across]))
-    counts = np.diff(np.concatenate([[0], positions, [out_h * out_w]]))
-    return {"size": [int(out_h), int(out_w)], "counts": _compressed(counts.tolist())}
+    return _runs(np.sort(np.concatenate([inside, across])), out_h * out_w, (out_h, out_w))
+
+
+def _runs(changes: np.ndarray, total: int, size: tuple[int, int]) -> dict[str, object]:
+    """The RLE whose values change at the sorted flat positions `changes` (from False at position 0)."""
+    counts = np.diff(np.concatenate([[0], changes, [total]]))
+    return {"size": [int(size[0]), int(size[1])], "counts": _compressed(counts.tolist())}
 
 
 def _nearest(size_out: int, size_in: int) -> np.ndarray:

@@ -302,6 +302,16 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def instance_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A Mask R-CNN (mask/) and a Keypoint R-CNN (keypoint/) trained by a plain DDP script under torchrun
+    (tests/fixtures/instance_ddp.py), each checkpoint.pth in the detection references' layout exported with no flags
+    (its args name the builder's min_size and max_size)."""
+    exports = [["{run}/mask/checkpoint.pth"], ["{run}/keypoint/checkpoint.pth"]]
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    return _trained_and_exported(shared, "instance_run", "instance_ddp.py", exports)
+
+
+@pytest.fixture(scope="session")
 def hf_image_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny ViT trained on the digits by Hugging Face's Trainer under torchrun (tests/fixtures/hf_image_trainer.py),
     its processor saved beside it, checkpoint-300 exported with no flags (checkpoint-300.export)."""
