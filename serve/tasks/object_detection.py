@@ -242,7 +242,7 @@ class ObjectDetection(ServedTask):
 
     def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
         """Encoded images in, Triton's detection layout out."""
-        kinds = {np.float32: "FP32", np.int64: "INT64"}
+        kinds: dict[type, str] = {np.float32: "FP32", np.int64: "INT64"}
         outputs = [ServedTensor("num_detections", "INT32", (-1,))] + [
             ServedTensor(name, kinds[dtype], (-1, -1, *shape)) for name, (shape, dtype) in self._padded()
         ]
