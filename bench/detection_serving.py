@@ -1,15 +1,17 @@
 """Served detection against the in-process limit for the same images, side by side.
 
     python bench/detection_serving.py [--device cpu|cuda] [--seconds 8] [--rounds 3] [--client wrk|httpx]
-        [--arch fasterrcnn_mobilenet_v3_large_320_fpn] [--export DIR]
+        [--arch fasterrcnn_mobilenet_v3_large_320_fpn] [--min-size N --max-size N] [--export DIR]
 
 Model: a torchvision detector (default fasterrcnn_mobilenet_v3_large_320_fpn, 3 classes, random weights from seed
-0), its state_dict exported by `python -m export --arch` (or --export DIR: any detector or segmenter export).
+0; maskrcnn_resnet50_fpn, keypointrcnn_resnet50_fpn with --min-size 320 --max-size 427 to keep a CPU run short), its
+state_dict exported by `python -m export --arch` (or --export DIR: any detector or segmenter export).
 Images: bench/workload.py's 32 views of scikit-learn's photos, 400 x 300 JPEGs, one per request, as the body.
 Sides, each given the whole machine in turn:
-- limit: no HTTP: the service's own decoding (serve/tasks/object_detection.py's prepare, or the segmenter's) and the
-  ONNX Runtime session with the service's settings, one image per call as the service runs them; the faster of
-  serial (decode, then run) and overlapped (a thread per core decodes the next images while the model runs);
+- limit: no HTTP: the service's own decoding (serve/tasks/object_detection.py's prepare, or the segmenter's), the
+  ONNX Runtime session with the service's settings, one image per call as the service runs them, and a detector's
+  answer (its masks pasted and run-length coded, for Mask R-CNN); the faster of serial (decode, run, answer) and
+  overlapped (a thread per core decodes the next images while the model runs);
 - ours: `bentoml serve` with serve/service.py, `POST /detect` (or /segment) with the JPEG as the body.
 Goal (issue 44): ours at c=64 at least 0.8 x the limit.
 """
@@ -54,14 +56,19 @@ CONCURRENCY = (1, 64)
 GOAL = "ours >= 0.8 x limit at c=64"
 
 
+DEFAULT_ARCH = "fasterrcnn_mobilenet_v3_large_320_fpn"
+
+
 def make_model(folder: Path, arch: str, *export_flags: str) -> Path:
     import torch
     import torchvision
 
     torch.manual_seed(0)
     weights = folder / f"{arch}.pt"
+    classes = 2 if arch.startswith("keypointrcnn") else 3
     torch.save(
-        torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=3).state_dict(), weights
+        torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=classes).state_dict(),
+        weights,
     )
     out = folder / f"{arch}.export"
     command = [sys.executable, "-m", "export", str(weights), "--arch", arch, "--formats", "onnx", "--out", str(out)]
@@ -87,22 +94,28 @@ class InProcessImages:
             str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device)
         )
         assert_provider("limit", self.session.get_providers(), device)
+        self.names = [output.name for output in self.session.get_outputs()]
         self.pool = ThreadPoolExecutor(usable_cores())
 
     async def _unbatched(self, rows: Any) -> dict[str, Any]:
         return self.task.run(rows)
 
-    def prepare(self, jpeg: bytes) -> dict[str, Any]:
+    def prepare(self, jpeg: bytes) -> tuple[dict[str, Any], Any]:
         prepared = self.task.prepare(jpeg)
-        return prepared[0] if isinstance(prepared, tuple) else prepared
+        return prepared if isinstance(prepared, tuple) else (prepared, None)
+
+    def run(self, rows: dict[str, Any], frame: Any) -> None:
+        outputs = self.session.run(None, rows)
+        if self.route == "/detect":  # the answer: boxes in the upload's pixels, masks pasted and coded
+            self.task.detections(dict(zip(self.names, outputs, strict=True)), frame)
 
     def serial(self, jpegs: list[bytes]) -> None:
         for jpeg in jpegs:
-            self.session.run(None, self.prepare(jpeg))
+            self.run(*self.prepare(jpeg))
 
     def overlapped(self, jpegs: list[bytes]) -> None:
-        for rows in self.pool.map(self.prepare, jpegs):  # decodes run ahead on the pool while each image runs
-            self.session.run(None, rows)
+        for rows, frame in self.pool.map(self.prepare, jpegs):  # decodes run ahead on the pool while each runs
+            self.run(rows, frame)
 
 
 def _rate(run: Any, jpegs: list[bytes], count: int) -> dict[str, float]:
@@ -147,12 +160,15 @@ def main(argv: list[str] | None = None) -> int:
         help="each window at least this many times the queue's drain at c=64 "
         "(0: --seconds alone, for a check that the benchmark runs)",
     )
-    p.add_argument("--arch", default="fasterrcnn_mobilenet_v3_large_320_fpn", help="the detector to export")
+    p.add_argument("--arch", default=DEFAULT_ARCH, help="the detector to export")
+    p.add_argument("--min-size", type=int, help="the export's --min-size (the detector's resize target)")
+    p.add_argument("--max-size", type=int, help="the export's --max-size")
     p.add_argument("--export", type=Path, help="serve this detector or segmenter export instead")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="detection-bench-"))
-    folder = args.export.resolve() if args.export else make_model(work, args.arch)
+    sizes = [f"--{side}-size={value}" for side, value in (("min", args.min_size), ("max", args.max_size)) if value]
+    folder = args.export.resolve() if args.export else make_model(work, args.arch, *sizes)
     jpegs = make_jpegs()
     model = InProcessImages(folder, args.device)
     requests = [Upload(model.route, {"Content-Type": "image/jpeg"}, jpeg) for jpeg in jpegs]
@@ -190,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         **paired,
     }
     report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
-    write_serving_result("detection_serving", args, rounds, median, ["ours"], report)
+    variant = "" if args.export or args.arch == DEFAULT_ARCH else args.arch
+    write_serving_result("detection_serving", args, rounds, median, ["ours"], report, variant)
     return 0
 
 

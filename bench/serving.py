@@ -103,12 +103,14 @@ def write_serving_result(
     median: dict[str, Any],
     sides: Sequence[str],
     report: dict[str, Any],
+    *variants: str,
 ) -> Path:
     """A serving benchmark's result: the limit, each side's medians, every round, and `report` (its `ratios`,
-    `seconds`, `figures`, `goal` and `goal_met`); named for the export when --export chose the workload."""
+    `seconds`, `figures`, `goal` and `goal_met`); named for the export when --export chose the workload, and for
+    `variants` other than the benchmark's default."""
     return write_result(
         benchmark,
-        workload=workload_name(args.export),
+        workload=workload_name(args.export, *variants),
         folder=args.results_dir,
         figures={
             "device": args.device,

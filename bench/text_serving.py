@@ -1,21 +1,24 @@
-"""Served text classification against the in-process limit and a plain BentoML peer, side by side.
+"""Served text models against the in-process limit (and, for a classifier, a plain BentoML peer), side by side.
 
-    python bench/text_serving.py [--device cpu|cuda] [--seconds 8] [--rounds 3] [--client wrk|httpx]
+    python bench/text_serving.py [--task classify|tokens|embed|rerank] [--device cpu|cuda] [--seconds 8]
+        [--rounds 3] [--client wrk|httpx]
 
-Model: a DistilBERT sequence classifier built from a config (dim 256, 4 layers, 4 heads, 2 labels, random
-weights; at most 128 tokens) with a WordPiece tokenizer trained here on the Zen of Python, saved with
-`save_pretrained` and exported by `python -m export FOLDER` (no flags) or --export DIR.
+Model: a DistilBERT built from a config (dim 256, 4 layers, 4 heads, random weights; at most 128 tokens) with a
+WordPiece tokenizer trained here on the Zen of Python, saved with `save_pretrained` and exported by
+`python -m export FOLDER` (no flags) or --export DIR; by --task: a sequence classifier of 2 labels (`classify`,
+POST /classify), a token classifier of 5 (`tokens`, POST /classify: entities), the encoder alone (`embed`, POST
+/embed: mean-pooled vectors), a one-label cross-encoder (`rerank`, POST /rerank: a 6-word query and the text).
 Texts: 32 sentences cut from the Zen of Python, 8, 16, 32 and 64 words long in turn (about 10 to 80 tokens),
 one text per request.
 Sides, each given the whole machine in turn:
-- limit: no HTTP: the exported tokenizer (contract/tokenizer_spec.py, as the service uses it) and the ONNX Runtime
-  session with the service's settings, on full batches of the same texts (each batch padded to its longest);
-  the fastest of batch sizes 1, 8 and 32, timed again for --seconds;
-- ours: `bentoml serve` with serve/service.py, `POST /classify` with `{"text": "..."}`;
-- ours_oip: the same service through the Open Inference Protocol's binary infer, each text a BYTES `text` [1];
-- peer_batched: bench/peer/text_batched.py, what BentoML's adaptive-batching guide leads to, with the same
-  tokenizer and session.
-Goal (issue 43): ours at c=64 at least 0.8 x the limit and ahead of the peer.
+- limit: no HTTP: the exported tokenizer (contract/tokenizer_spec.py, as the service uses it; pairs for `rerank`)
+  and the ONNX Runtime session with the service's settings, on full batches of the same texts (each batch padded to
+  its longest); the fastest of batch sizes 1, 8 and 32, timed again for --seconds;
+- ours: `bentoml serve` with serve/service.py, the task's route, one text per request;
+- ours_oip (`classify`): the same service through the Open Inference Protocol's binary infer, a BYTES `text` [1];
+- peer_batched (`classify`): bench/peer/text_batched.py, what BentoML's adaptive-batching guide leads to, with the
+  same tokenizer and session.
+Goal (issues 43 and 56): ours at c=64 at least 0.8 x the limit (and ahead of the peer, for `classify`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,14 @@ from serve.tasks.texts import PaddedSequences  # noqa: E402
 
 CONCURRENCY = (1, 64)
 SIDES = ("ours", "ours_oip", "peer_batched")
+# --task: the transformers class built, its labels, and the route a client calls
+TASKS = {
+    "classify": ("AutoModelForSequenceClassification", ("negative", "positive"), "/classify"),
+    "tokens": ("AutoModelForTokenClassification", ("O", "B-PER", "I-PER", "B-LOC", "I-LOC"), "/classify"),
+    "embed": ("AutoModel", (), "/embed"),
+    "rerank": ("AutoModelForSequenceClassification", ("score",), "/rerank"),
+}
+QUERY_WORDS = 6  # `rerank`: the query, the first words of each text's neighbour
 BATCH_SIZES = (1, 8, 32)
 WORDS_PER_TEXT = (8, 16, 32, 64)
 GOAL = "ours >= 0.8 x limit at c=64 and ahead of peer_batched"
@@ -79,13 +90,14 @@ def make_texts(count: int = 32) -> list[str]:
     return texts
 
 
-def make_model(folder: Path, *export_flags: str) -> Path:
-    """A save_pretrained folder (config, weights, tokenizer) exported with no flags (or `export_flags`), as a user
-    would; the folder's name is `distilbert`, its export's `distilbert.export`."""
+def make_model(folder: Path, *export_flags: str, task: str = "classify") -> Path:
+    """A save_pretrained folder (config, weights, tokenizer) of `task`'s model exported with no flags (or
+    `export_flags`), as a user would; the folder's name is `distilbert`, its export's `distilbert.export`."""
     import torch
     import transformers
 
     torch.manual_seed(0)
+    auto_class, labels, _ = TASKS[task]
     tokenizer = wordpiece_tokenizer(zen_words(), vocab_size=400, max_length=128)
     # num_labels, id2label and label2id are PretrainedConfig's keyword arguments, which its stubs do not declare
     config = transformers.DistilBertConfig(  # type: ignore[call-arg]
@@ -95,13 +107,13 @@ def make_model(folder: Path, *export_flags: str) -> Path:
         n_heads=4,
         hidden_dim=1024,
         max_position_embeddings=128,
-        num_labels=2,
-        id2label={0: "negative", 1: "positive"},
-        label2id={"negative": 0, "positive": 1},
+        num_labels=max(1, len(labels)),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
         pad_token_id=tokenizer.pad_token_id,
     )
     trained = folder / "distilbert"
-    transformers.AutoModelForSequenceClassification.from_config(config).save_pretrained(trained)
+    getattr(transformers, auto_class).from_config(config).save_pretrained(trained)
     tokenizer.save_pretrained(trained)
     out = folder / "distilbert.export"
     command = [sys.executable, "-m", "export", str(trained), "--formats", "onnx", "--out", str(out), "--no-bento"]
@@ -116,9 +128,10 @@ def make_model(folder: Path, *export_flags: str) -> Path:
 class InProcessText:
     """The export's tokenizer and ONNX session, loaded the way the service loads them."""
 
-    def __init__(self, folder: Path, device: str) -> None:
+    def __init__(self, folder: Path, device: str, task: str = "classify") -> None:
         import onnxruntime as ort
 
+        self.pairs = task == "rerank"
         settings = TokenizerSettings.from_manifest(read_manifest_unchecked(folder)["tokenizer"])
         self.tokenizer = TextTokenizer((folder / settings.file).read_bytes(), settings)
         self.shape = PaddedSequences(settings)
@@ -127,17 +140,27 @@ class InProcessText:
         )
         assert_provider("limit", self.session.get_providers(), device)
 
+    def encode(self, texts: list[str]) -> dict[str, Any]:
+        if self.pairs:
+            return self.tokenizer.encode_pairs([(query_of(text), text) for text in texts]).rows
+        return self.tokenizer.encode(texts).rows
+
     def run(self, batches: list[list[str]]) -> None:
         for batch in batches:
-            self.session.run(["logits"], self.tokenizer.encode(batch).rows)
+            self.session.run(None, self.encode(batch))
 
     def run_grouped(self, batches: list[list[str]]) -> None:
         """Each batch as the service runs it: every text tokenized alone, the batch cut into calls of like lengths
         (serve/tasks/texts.py, PaddedSequences.groups)."""
         for batch in batches:
-            parts = [self.tokenizer.encode([text]).rows for text in batch]
+            parts = [self.encode([text]) for text in batch]
             for group in self.shape.groups(parts):
-                self.session.run(["logits"], self.shape.join([parts[i] for i in group]))
+                self.session.run(None, self.shape.join([parts[i] for i in group]))
+
+
+def query_of(text: str) -> str:
+    """`rerank`'s query for a text: the first words of the text itself (a query that shares its words)."""
+    return " ".join(text.split()[:QUERY_WORDS])
 
 
 def _rate(run: Callable[[list[list[str]]], None], texts: list[str], size: int, count: int) -> dict[str, float]:
@@ -172,10 +195,15 @@ def limit_round(model: InProcessText, texts: list[str], seconds: float) -> dict[
     }
 
 
-def requests_for(name: str, texts: list[str]) -> list[Upload]:
+def requests_for(name: str, texts: list[str], task: str = "classify") -> list[Upload]:
     if name == "ours":
+        bodies = {
+            "/classify": lambda t: {"text": t},
+            "/embed": lambda t: {"inputs": t},
+            "/rerank": lambda t: {"query": query_of(t), "texts": [t]},
+        }[TASKS[task][2]]
         return [
-            Upload("/classify", {"Content-Type": "application/json"}, json.dumps({"text": t}).encode()) for t in texts
+            Upload(TASKS[task][2], {"Content-Type": "application/json"}, json.dumps(bodies(t)).encode()) for t in texts
         ]
     if name == "peer_batched":
         return [
@@ -216,25 +244,36 @@ def measure(name: str, folder: Path, device: str, log: Path, texts: list[str], a
         result: dict[str, Any] = {"ready_s": server.wait_ready()}
         assert_provider(name, [served_provider(name, server.url)], device)
         result.update(
-            load_levels(args.client, server.url, server.proc.pid, requests_for(name, texts), CONCURRENCY, args.seconds)
+            load_levels(
+                args.client,
+                server.url,
+                server.proc.pid,
+                requests_for(name, texts, args.task),
+                CONCURRENCY,
+                args.seconds,
+            )
         )
         return result
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", choices=tuple(TASKS), default="classify", help="the model and route (module docstring)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--seconds", type=float, default=8.0, help="load per concurrency level, side and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
-    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    p.add_argument("--sides", nargs="+", choices=SIDES, default=None, help="(default: all for classify, else ours)")
     p.add_argument("--export", type=Path, help="serve this text export instead of a fresh DistilBERT (default)")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     args = p.parse_args(argv)
+    args.sides = args.sides or (list(SIDES) if args.task == "classify" else ["ours"])
+    if args.task != "classify" and set(args.sides) != {"ours"}:
+        p.error(f"--task {args.task}: the side is ours (the protocol's side and the peer are a classifier's)")
     work = Path(tempfile.mkdtemp(prefix="text-bench-"))
-    folder = args.export.resolve() if args.export else make_model(work)
+    folder = args.export.resolve() if args.export else make_model(work, task=args.task)
     texts = make_texts()
-    model = InProcessText(folder, args.device)
+    model = InProcessText(folder, args.device, args.task)
     rounds = measure_rounds(
         args.rounds,
         args.sides,
@@ -254,17 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     peers = [p for p in ("peer_batched",) if p in args.sides]
     ratios |= over_peers(median, [n for n in ("ours", "ours_oip") if n in args.sides], peers, CONCURRENCY)
     print_ratios(ratios)
-    figures = {"client": args.client, "texts": f"{len(texts)} texts of {', '.join(map(str, WORDS_PER_TEXT))} words"}
+    figures = {
+        "client": args.client,
+        "task": f"{args.task} ({TASKS[args.task][2]})",
+        "texts": f"{len(texts)} texts of {', '.join(map(str, WORDS_PER_TEXT))} words",
+    }
     figures |= paired_over_limit(rounds, args.sides)
     goal = None
     if "ours" in args.sides and "peer_batched" in args.sides:
         goal = ratios["ours_over_limit_c64"] >= 0.8 and ratios["ours_over_peer_batched_c64"] > 1
+    elif args.task != "classify":
+        goal = ratios["ours_over_limit_c64"] >= 0.8
     print_goal(GOAL, goal)
     seconds = {"limit_one_text": limit["single_image_ms"] / 1000}
     for name in args.sides:
         seconds[f"{name}_p50_c1"] = median[name]["1"]["p50_ms"] / 1000
     report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
-    write_serving_result("text_serving", args, rounds, median, args.sides, report)
+    variant = "" if args.task == "classify" else args.task
+    write_serving_result("text_serving", args, rounds, median, args.sides, report, variant)
     return 0
 
 

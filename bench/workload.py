@@ -1,4 +1,5 @@
-"""What the serving benchmarks serve and send: a resnet18 export and JPEG views of real photos."""
+"""What the serving benchmarks serve and send: a resnet18 export (or a Hugging Face ViT's) and JPEG views of real
+photos."""
 
 from __future__ import annotations
 
@@ -38,6 +39,26 @@ def make_model(folder: Path, *export_flags: str) -> Path:
         check=True,
         capture_output=True,
     )
+    return out
+
+
+def make_hf_image_model(folder: Path, *export_flags: str, layers: int = 12) -> Path:
+    """A Hugging Face ViT image classifier the size of DeiT-tiny (224 px, patches of 16, width 192, 12 layers, 3
+    heads, 1000 labels, random weights) saved with its image processor by save_pretrained, exported with no flags."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    trained = folder / "vit"
+    config = transformers.ViTConfig(
+        image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=layers, num_attention_heads=3,
+        intermediate_size=768, num_labels=1000,
+    )  # fmt: skip
+    transformers.ViTForImageClassification(config).save_pretrained(trained)
+    transformers.ViTImageProcessor(size={"height": 224, "width": 224}).save_pretrained(trained)
+    out = folder / "vit.export"
+    command = [sys.executable, "-m", "export", str(trained), "--formats", "onnx", "--out", str(out), "--no-bento"]
+    subprocess.run([*command, *export_flags], cwd=ROOT, check=True, capture_output=True)
     return out
 
 

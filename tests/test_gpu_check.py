@@ -20,6 +20,7 @@ STEPS = [
     "any model (a text classifier) exported and served on the device",
     "a Hugging Face text classifier exported, served and measured on the device",
     "a detector and a segmenter exported, served and measured on the device",
+    "token classification, embeddings, reranking, a Hugging Face image classifier, masks and keypoints on the device",
 ]
 
 
@@ -65,4 +66,8 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     images = steps["a detector and a segmenter exported, served and measured on the device"]
     detector, segmenter = images["fasterrcnn_mobilenet_v3_large_320_fpn"], images["lraspp_mobilenet_v3_large"]
     assert detector["parity"] and detector["matched"] > 0 and segmenter["pixels_equal"] >= 0.999
+    tasks = steps[STEPS[-1]]
+    assert set(tasks) == {"tokens", "embed", "rerank", "hf-image", "maskrcnn_resnet50_fpn"}  # keypoints on a GPU
+    assert all(task["ours_over_limit_c64"] > 0 for task in tasks.values()), tasks
+    assert tasks["hf-image"]["task"] == "image-classification" and tasks["rerank"]["task"] == "text-ranking"
     assert (out / "gpu_check.log").read_text().count("===") == 2 * len(STEPS)

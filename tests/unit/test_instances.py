@@ -65,3 +65,20 @@ def test_a_box_too_large_to_paste_at_the_uploads_pixels_is_scaled_from_the_model
     exact = paste_mask(small, frame.boxes(box), 3000, 4000) > 0.5
     edge = binary_dilation(exact, iterations=14) & ~binary_erosion(exact, iterations=14)
     assert ours.any() and not ((ours ^ exact) & ~edge).any()
+
+
+def test_mask_parity_fails_a_mask_from_elsewhere_and_passes_its_own():
+    """export/instance_parity.py: the graph's mask pasted as served against eager's; the same mask passes, another
+    one (a detection's mask swapped for a different shape, as a wrong output order would give) fails."""
+    from export.instance_parity import InstanceGaps
+
+    small = np.zeros((28, 28), dtype=np.float32)
+    small[2:26, 2:14] = 0.9  # the left half of the box
+    box = np.array([40.0, 30.0, 200.0, 150.0], dtype=np.float32)
+    eager = {"masks": paste_mask(small, box, 240, 320)[None], "boxes": box[None]}
+    same = InstanceGaps()
+    same.add(eager, {"masks": small[None], "boxes": box[None]}, ((0, 0),), "test")
+    assert same.reason is None and same.masks == 1
+    other = InstanceGaps()
+    other.add(eager, {"masks": small[:, ::-1][None], "boxes": box[None]}, ((0, 0),), "test")  # the right half
+    assert other.reason is not None and "disagree" in other.reason
