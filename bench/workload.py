@@ -50,7 +50,8 @@ def make_hf_image_model(folder: Path, *export_flags: str, layers: int = 12) -> P
 
     torch.manual_seed(0)
     trained = folder / "vit"
-    config = transformers.ViTConfig(
+    # num_labels is PretrainedConfig's keyword argument, which the stubs do not declare
+    config = transformers.ViTConfig(  # type: ignore[call-arg]
         image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=layers, num_attention_heads=3,
         intermediate_size=768, num_labels=1000,
     )  # fmt: skip
