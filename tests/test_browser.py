@@ -166,6 +166,22 @@ def test_page_draws_a_detectors_boxes_over_the_photo(browser, detection_run, tmp
     assert "a detector, 3 classes" in model_line, model_line
 
 
+def test_page_paints_a_mask_rcnns_masks_over_the_photo(browser, instance_run, tmp_path):
+    """Each of the 20 best detections' masks decoded by the page's own RLE decoder: as many pixels as pycocotools
+    decodes from the same answer."""
+    from pycocotools import mask as coco_mask
+    from selenium.webdriver.common.by import By
+
+    rows, size, expected, model_line = page_with_photo(
+        browser, instance_run / "mask" / "checkpoint.export", tmp_path, "/detect"
+    )
+    shown = expected["detections"][:20]
+    assert rows == [[d["label"], f"{100 * d['score']:.1f}%"] for d in shown]
+    assert all(d["mask"]["size"] == [267, 400] for d in shown)
+    pixels = sum(int(coco_mask.decode({**d["mask"], "counts": d["mask"]["counts"].encode()}).sum()) for d in shown)
+    assert browser.find_element(By.ID, "drawing").get_attribute("data-masks") == f"{len(shown)} masks, {pixels} pixels"
+
+
 def test_page_paints_a_segmenters_mask_over_the_photo(browser, segmentation_run, tmp_path):
     export = segmentation_run / "checkpoint.export"
     rows, size, summary, model_line = page_with_photo(browser, export, tmp_path, "/segment?format=json")
