@@ -91,6 +91,8 @@ class TextTokenizer:
         self.tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(settings.max_length)
+        # the same tokenizer untruncated, for the texts of pairs, truncated as a pair (a copy: threads share both)
+        self.untruncated = Tokenizer.from_str(tokenizer_json.decode("utf-8")) if settings.pairs else None
 
     def encode(self, texts: list[str]) -> Encoded:
         long = {i: encoding for i, text in enumerate(texts) if (encoding := self._enough_of(text)[1]) is not None}
@@ -98,15 +100,35 @@ class TextTokenizer:
         return self._encoded([long[i] if i in long else next(short) for i in range(len(texts))])
 
     def encode_pairs(self, pairs: list[tuple[str, str]]) -> Encoded:
-        """Pairs of texts as one model input each, truncated longest-first as transformers does (module docstring)."""
-        odd_budget = (self.settings.max_length - self.tokenizer.num_special_tokens_to_add(True)) % 2 == 1
-        cut = []
+        """Pairs of texts as one model input each, truncated longest-first as transformers does (module docstring).
+        Where both texts overflow an odd budget, the odd token goes to the one with more tokens in full (the second
+        on a tie, as tokenizers' LongestFirst gives it): each such text's tokens are counted once per call, so a
+        query asked against many texts costs its whole length once, not once a text."""
+        whole = self.untruncated
+        assert whole is not None, "a tokenizer of single texts"
+        budget = self.settings.max_length - self.tokenizer.num_special_tokens_to_add(True)
+        counted: dict[str, int] = {}
+
+        def count(text: str) -> int:
+            if text not in counted:
+                counted[text] = len(whole.encode(text, add_special_tokens=False).ids)
+            return counted[text]
+
+        encodings, truncated = [], []
         for first, second in pairs:
             (a, a_long), (b, b_long) = self._enough_of(first), self._enough_of(second)
-            cut.append((first, second) if odd_budget and a_long is not None and b_long is not None else (a, b))
-        return self._encoded(self.tokenizer.encode_batch(cut))
+            a_tokens = whole.encode(a, add_special_tokens=False)
+            b_tokens = whole.encode(b, add_special_tokens=False)
+            if budget % 2 == 1 and a_long is not None and b_long is not None:
+                first_share = budget // 2 + (1 if count(first) > count(second) else 0)
+                a_tokens.truncate(first_share)
+                b_tokens.truncate(budget - first_share)
+            joined = self.tokenizer.post_process(a_tokens, b_tokens)
+            encodings.append(joined)
+            truncated.append(a_long is not None or b_long is not None or bool(joined.overflowing))
+        return self._encoded(encodings, truncated)
 
-    def _encoded(self, encodings: list[Any]) -> Encoded:
+    def _encoded(self, encodings: list[Any], truncated: list[bool] | None = None) -> Encoded:
         parts = [
             {name: np.asarray([getattr(e, ENCODING_FIELDS[name])], dtype=np.int64) for name in self.settings.inputs}
             for e in encodings
@@ -118,7 +140,9 @@ class TextTokenizer:
             ]
             for e in encodings
         ]
-        return Encoded(pad_to_longest(parts, self.settings), [bool(e.overflowing) for e in encodings], spans)
+        if truncated is None:
+            truncated = [bool(e.overflowing) for e in encodings]
+        return Encoded(pad_to_longest(parts, self.settings), truncated, spans)
 
     def _enough_of(self, text: str) -> tuple[str, Any]:
         """The shortest of `text`'s prefixes (module docstring) whose tokens overflow the model's maximum, and its

@@ -158,3 +158,32 @@ def test_pairs_are_truncated_longest_first_as_transformers_truncates_them(max_le
         assert ours["token_type_ids"] == theirs["token_type_ids"]
         whole = len(tokenizer(a, b)["input_ids"])
         assert encoded.truncated[row] == (whole > max_length)
+
+
+def test_a_long_query_against_many_texts_is_tokenized_whole_once():
+    """/rerank's amplification (a long query beside each of many long texts, an odd budget): the query's whole text
+    is tokenized once per call, not once a text; the answers stay transformers' (the test above)."""
+    from contract.tokenizer_spec import TextTokenizer
+    from harness.tiny_text import wordpiece_tokenizer
+
+    words = ["the film was superb", "our trip was dull and slow", "a joy to watch"]
+    tokenizer = wordpiece_tokenizer(words, vocab_size=80, max_length=32)
+    inputs = ("input_ids", "attention_mask", "token_type_ids")
+    settings = TokenizerSettings("tokenizer.json", 32, 0, "[PAD]", "right", inputs, pairs=True)
+    served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
+    query, texts = " ".join(words * 400), [" ".join(words[i % 3 :] * 60) for i in range(12)]
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.whole_query = inner, 0
+
+        def encode(self, text, **options):
+            self.whole_query += text == query
+            return self.inner.encode(text, **options)
+
+    served.untruncated = counting = Counting(served.untruncated)
+    encoded = served.encode_pairs([(query, text) for text in texts])
+    assert counting.whole_query == 1 and all(encoded.truncated)
+    for row, text in enumerate(texts[:3]):
+        theirs = tokenizer(query, text, truncation=True, max_length=32)["input_ids"]
+        assert encoded.rows["input_ids"][row].tolist() == theirs
