@@ -22,7 +22,7 @@ from contract.manifest import read_manifest_unchecked
 from export.detection_parity import Detections, match_detections
 
 pytestmark = pytest.mark.xdist_group("instances")
-BUILD = {"min_size": 240, "max_size": 320, "weights": None, "weights_backbone": None}
+BUILD = {"min_size": 160, "max_size": 214, "weights": None, "weights_backbone": None}
 
 
 def picture(width: int, height: int, seed: int) -> Image.Image:
@@ -90,7 +90,7 @@ def test_both_export_with_no_flags_and_prove_masks_and_keypoints(instance_run: P
     for kind, output in (("mask", "masks"), ("keypoint", "keypoints")):
         manifest = read_manifest_unchecked(instance_run / kind / "checkpoint.export")
         assert manifest["status"] == "passed", manifest["parity"]["summary"]
-        assert manifest["detection"]["min_size"] == [240] and manifest["detection"]["max_size"] == 320
+        assert manifest["detection"]["min_size"] == [160] and manifest["detection"]["max_size"] == 214
         assert output in [o["name"] for o in manifest["signature"]["outputs"]]
         assert any(line.startswith(f"{output} of ") for line in manifest["parity"]["summary"]), manifest["parity"]
         assert manifest["provenance"]["pass"]
@@ -110,16 +110,16 @@ def test_detect_answers_masks_as_eager_pastes_them(mask_server, instance_run: Pa
 
 
 def test_a_large_upload_gets_its_masks_in_its_own_pixels(mask_server, instance_run: Path):
-    """1200 x 880: the service gives the model a copy at its input size (320 x 235) and pastes each mask at its box
+    """1200 x 880: the service gives the model a copy at its input size (214 x 156) and pastes each mask at its box
     scaled to the upload's pixels; eager resizes the upload's floats itself. Their boxes differ by a fraction of a
-    model pixel, so their masks differ only within a band at the edge, one model pixel (about 4 of the upload's) and
+    model pixel, so their masks differ only within a band at the edge, one model pixel (about 6 of the upload's) and
     one more wide."""
     from scipy.ndimage import binary_dilation, binary_erosion
 
     model = eager_model(instance_run / "mask" / "checkpoint.pth", "maskrcnn_resnet50_fpn", num_classes=3)
     image = picture(1200, 880, seed=2)
     eager, served = eager_found(model, image), detect(mask_server.url, image)
-    reach = int(np.ceil(1200 / 320)) + 1
+    reach = int(np.ceil(1200 / 214)) + 1
     for i, j in pairs(eager, served)[:10]:
         assert served[j]["mask"]["size"] == [880, 1200]
         ours = coco_mask.decode(served[j]["mask"]).astype(bool)
