@@ -71,6 +71,7 @@ QUERY_WORDS = 6  # `rerank`: the query, the first words of each text's neighbour
 BATCH_SIZES = (1, 8, 32)
 WORDS_PER_TEXT = (8, 16, 32, 64)
 GOAL = "ours >= 0.8 x limit at c=64 and ahead of peer_batched"
+TASK_GOAL = "ours >= 0.8 x limit at c=64"  # the tasks with no peer
 
 
 def zen_words() -> list[str]:
@@ -304,11 +305,12 @@ def main(argv: list[str] | None = None) -> int:
         goal = ratios["ours_over_limit_c64"] >= 0.8 and ratios["ours_over_peer_batched_c64"] > 1
     elif args.task != "classify":
         goal = ratios["ours_over_limit_c64"] >= 0.8
-    print_goal(GOAL, goal)
+    goal_text = GOAL if args.task == "classify" else TASK_GOAL
+    print_goal(goal_text, goal)
     seconds = {"limit_one_text": limit["single_image_ms"] / 1000}
     for name in args.sides:
         seconds[f"{name}_p50_c1"] = median[name]["1"]["p50_ms"] / 1000
-    report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
+    report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": goal_text, "goal_met": goal}
     variant = "" if args.task == "classify" else args.task
     write_serving_result("text_serving", args, rounds, median, args.sides, report, variant)
     return 0
