@@ -69,6 +69,6 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     tasks = steps[STEPS[-1]]
     assert set(tasks) == {"tokens", "embed", "rerank", "hf-image"}  # the R-CNNs on a GPU
     assert all(task["parity"] == {"model.onnx": True} for task in tasks.values()), tasks
-    assert tasks["rerank"]["ours_over_limit_c64"] > 0 and tasks["hf-image"]["ours_over_limit_c64"] > 0, tasks
+    assert tasks["rerank"]["ours_over_limit_c64"] > 0, tasks
     assert tasks["hf-image"]["task"] == "image-classification" and tasks["rerank"]["task"] == "text-ranking"
     assert (out / "gpu_check.log").read_text().count("===") == 2 * len(STEPS)
