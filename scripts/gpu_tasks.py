@@ -4,8 +4,8 @@ measured served against its in-process limit there by its benchmark:
 - a Hugging Face ViT with its image processor (bench/workload.py; bench/serve_throughput.py, raw JPEG bodies);
 - a Mask R-CNN and a Keypoint R-CNN at 320 px (bench/detection_serving.py: masks pasted and coded in the limit too).
 The CPU dry run (CI) keeps it short: it exports the three text models and a 2-layer ViT, and measures the
-cross-encoder only (serve_throughput --export is the serving benchmark step's own); the R-CNNs (tests/test_instances.py exports, serves and checks them) are left to the
-GPU run.
+cross-encoder only (serve_throughput --export is the serving benchmark step's own); the R-CNNs
+(tests/test_instances.py exports, serves and checks them) are left to the GPU run.
 Each model is built from a config with random weights (seed 0); what their answers are worth is the tests' business
 (tests/test_*.py against eager), here only that parity passes on the device and what serving them costs there."""
 
