@@ -131,12 +131,26 @@ class RequestMetrics:
             in_progress.dec()
 
 
+EXPOSITION_TRIES = 3
+
+
 def _exposition() -> bytes:
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # set by `bentoml serve` for every worker
-        registry = prometheus_client.CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        return prometheus_client.generate_latest(registry)
-    return prometheus_client.generate_latest()
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # set by `bentoml serve` for every worker
+        return prometheus_client.generate_latest()
+    for _ in range(EXPOSITION_TRIES - 1):
+        try:
+            return _every_workers()
+        except FileNotFoundError:
+            # A worker's file was removed between the folder's listing and its reading (a worker that ended, or
+            # another server sharing BentoML's home clearing the folder as it starts): list it again.
+            continue
+    return _every_workers()
+
+
+def _every_workers() -> bytes:
+    registry = prometheus_client.CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return prometheus_client.generate_latest(registry)
 
 
 async def metrics_page(request: Incoming) -> Answer:
