@@ -93,9 +93,10 @@ class Frame:
     def mask(self, small: np.ndarray, box: np.ndarray) -> dict[str, Any]:
         """One detection's M x M mask, `box` in the graph's pixels, as COCO's RLE in the upload's pixels: pasted
         there as torchvision pastes it, or, for a box past MASK_PIXELS there, at the model's input and scaled."""
-        x1, y1, x2, y2 = pasted_box(self.boxes(box), small.shape[-1])
+        in_upload = self.boxes(box)
+        x1, y1, x2, y2 = pasted_box(in_upload, small.shape[-1])
         if (x2 - x1 + 1) * (y2 - y1 + 1) <= MASK_PIXELS or self.upload == self.model_input:
-            top, left, region = paste_region(small, self.boxes(box), *self.upload)
+            top, left, region = paste_region(small, in_upload, *self.upload)
             return rle_of_region(region > MASK_THRESHOLD, top, left, *self.upload)
         return rle(paste_mask(small, box, *self.model_input) > MASK_THRESHOLD, self.upload)
 
