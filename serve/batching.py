@@ -15,6 +15,10 @@ to that search, paid under load by each of the 32 possible batch sizes the first
 profiled). The CPU has no such cost, and padding there would compute the zero rows for real, so the CPU
 runs each batch at its own size.
 
+On a CPU the model may run several batches at once (`lanes`, chosen by serve/lanes.py): each in a thread of its
+own, on a session of one thread. A lane that is free takes what has queued, so one request runs while another
+lane's batch is still going.
+
 The model runs in a thread of its own, and when a batch ends the next one (what queued meanwhile) is handed to
 it before the answers of the last are sent: the event loop spends about a millisecond of CPU on each answer,
 tens of milliseconds for a full batch, which the model would otherwise wait out with every batch under load.
@@ -170,18 +174,20 @@ class ModelBatcher:
         pad_to: list[int] | None = None,
         upstream: Upstream | None = None,
         shape: BatchShape | None = None,
+        lanes: int = 1,
     ) -> None:
         """`pad_to`: the batch sizes the model runs at (ascending); a batch is padded up to the next one.
         `upstream`: the decoders the rows come from; without it, a batch never waits for rows to come.
-        `shape`: which requests may share a batch and how they are joined (SameShape by default)."""
+        `shape`: which requests may share a batch and how they are joined (SameShape by default).
+        `lanes`: how many batches the model may run at once (`model` is then called from as many threads)."""
         self.model = model
         self.shape = shape or SameShape()
         self.upstream = upstream
         self.max_batch_size = max_batch_size
         self.pad_to = sorted(pad_to) if pad_to else None
         self.max_latency_s = max_latency_ms / 1000
-        # One model call at a time, in one thread: the runtime uses every core itself.
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="model")
+        self.lanes = lanes
+        self.executor = ThreadPoolExecutor(lanes, thread_name_prefix="model")
         self.queue: collections.deque[_Job] = collections.deque()
         self.queued_rows = 0
         self.recent_per_row: collections.deque[float] = collections.deque(maxlen=RECENT_BATCHES)
@@ -189,8 +195,8 @@ class ModelBatcher:
         self.refused_since: float | None = None  # when the refusals began that no answered request has ended
         self.refused_last = 0.0
         self.seconds_per_call: float | None = None  # one model call's time, whatever its batch's size
-        self.running_until = 0.0  # when the batch now running is expected to end
-        self.worker: asyncio.Task[None] | None = None
+        self.running_until = 0.0  # when the batch started last is expected to end
+        self.workers: list[asyncio.Task[None]] = []
         self.wake = asyncio.Event()
 
     @property
@@ -208,8 +214,8 @@ class ModelBatcher:
         job = _Job(batch, asyncio.get_running_loop().create_future(), key=self.shape.key(batch))
         self.queue.append(job)
         self.queued_rows += job.size
-        if self.worker is None:  # started on the server's event loop, at the first request
-            self.worker = asyncio.create_task(self._run_batches())
+        if not self.workers:  # started on the server's event loop, at the first request: one per lane
+            self.workers = [asyncio.create_task(self._run_batches()) for _ in range(self.lanes)]
         self.wake.set()
         return await job.future  # a cancelled caller cancels its future: the worker skips it
 
@@ -218,7 +224,7 @@ class ModelBatcher:
         running = max(0.0, self.running_until - time.monotonic())
         if per_row is None or (running == 0 and not self.queue):
             return 0.0  # nothing measured yet, or nothing ahead: accept (the turn-time check catches a long wait)
-        return running + (self.queued_rows + rows) * per_row
+        return running + (self.queued_rows + rows) * per_row / self.lanes
 
     def _overloaded(self) -> ClientError:
         self.refused_last = time.monotonic()
@@ -257,6 +263,7 @@ class ModelBatcher:
         return jobs
 
     async def _run_batches(self) -> None:
+        """One lane: a batch at a time, taken from the queue all lanes share."""
         while True:
             await self.wake.wait()
             self.wake.clear()

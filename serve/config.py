@@ -21,6 +21,10 @@ def _env_int(name: str, value: str) -> int:
         raise ValueError(f"{name}={value!r}: expected an integer") from None
 
 
+def _lanes(name: str, value: str) -> int | None:
+    return None if value == "auto" else _env_int(name, value)
+
+
 def _api_keys(name: str, value: str) -> tuple[str, ...]:
     """Comma-separated keys. Set but holding none (empty, spaces, commas) is refused: read as no keys, it would
     turn the gate off without a word (security round 3, item 9)."""
@@ -68,7 +72,11 @@ class ServeConfig:
     per second; one per GPU on a GPU host (docs/deploy.md, "Workers per replica")"""
     cpu_threads: int | None = _setting("HANDOFF_CPU_THREADS", None, _env_int)
     """threads each worker's model runs on; unset: the cores this process may use, shared out among the workers"""
+    lanes: int | None = _setting("HANDOFF_LANES", None, _lanes)
+    """batches each worker's model runs at once on a CPU, each on HANDOFF_CPU_THREADS / lanes threads; unset
+    (auto): timed at load where the model's shapes are fixed (serve/lanes.py), else 1"""
     max_batch_size: int = _setting("HANDOFF_MAX_BATCH_SIZE", 32, _env_int)
+    """the largest batch; where lanes are timed at load, the batcher may stop at a smaller one that is as fast"""
     max_latency_ms: int = _setting("HANDOFF_MAX_LATENCY_MS", 10_000, _env_int)
     """the batcher's budget: a request it expects to wait longer, or that has waited longer, is refused with 503"""
     timeout_s: int = _setting("HANDOFF_TIMEOUT_S", 60, _env_int)
@@ -121,6 +129,7 @@ class ServeConfig:
             ("HANDOFF_MAX_TEXT_CHARS", self.max_text_chars, 1),
             ("HANDOFF_MAX_BATCH_TOKENS", self.max_batch_tokens, 1),
             ("HANDOFF_CPU_THREADS", self.model_threads(), 1),
+            ("HANDOFF_LANES", self.lanes or 1, 1),
         ):
             if value < least:
                 raise ValueError(f"{name}={value}: must be at least {least}")

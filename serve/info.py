@@ -23,7 +23,8 @@ def service_info(service: ModelService, version: str, protocol: dict[str, Any]) 
     """What is being served, and on what (GET /info)."""
     if service.unready is not None:
         return {"ready": False, "reason": service.unready, "version": version}
-    config, m, task = service.config, service.manifest, service.task
+    config, m, task, lanes = service.config, service.manifest, service.task, service.lanes
+    assert lanes is not None  # chosen at load, which a ready service has passed
     model: dict[str, Any] = {"arch": m["arch"], "task": task.name, "signature": task.signature.to_dict()}
     model |= task.info()
     model |= {
@@ -42,9 +43,10 @@ def service_info(service: ModelService, version: str, protocol: dict[str, Any]) 
         "device": service.runtime.device,
         "batching": {
             "max_batch_size": config.max_batch_size,
+            "batches_up_to": lanes.max_batch_size,
             "max_latency_ms": config.max_latency_ms,
             "padded_to": service.padded_batch_sizes(),
         },
-        "cpu": {"workers": config.workers, "model_threads": service.model_threads},
+        "cpu": {"workers": config.workers, **lanes.describe()},
         "protocol": protocol,
     }

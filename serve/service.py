@@ -29,6 +29,7 @@ from bentoml.exceptions import BentoMLException
 
 from contract.errors import ClientError
 from contract.manifest import ManifestError, read_manifest
+from contract.signature import read_signature
 from serve import patches
 from serve.access_log import AccessLine, write_access_log_off_the_loop
 from serve.auth import ApiKeyGate
@@ -39,6 +40,7 @@ from serve.decode_pool import DecodePool
 from serve.endpoint import Answer, Incoming, RouteSchema, known_paths, open_paths, route_matcher
 from serve.front_door import FrontDoor
 from serve.info import service_info
+from serve.lanes import Lanes, arrange
 from serve.logs import install_log_filters
 from serve.oip import ProtocolSurface
 from serve.request_metrics import RequestMetrics
@@ -93,8 +95,7 @@ class ModelService:
         # Decoding is CPU-bound and a large image takes hundreds of MB while it is decoded: one per core (of this
         # worker's share) at a time bounds both (BentoML's default thread pool would decode 40 at once).
         self.decoders = DecodePool(CONFIG.cores_per_worker())
-        self.model_threads = CONFIG.model_threads()  # read once: /info reports what the runtime was built with
-        started = time.monotonic()
+        self.lanes: Lanes | None = None  # how the model runs on a CPU (serve/lanes.py), chosen at load
         try:
             self._load()
         except (ManifestError, RuntimeUnavailable, ValueError, OSError, BentoMLException) as err:
@@ -105,34 +106,41 @@ class ModelService:
             self.load_failure = self._short(f"cannot load the model: {type(err).__name__}: {err}")
             log.exception("not ready")
             return
-        log.info(
-            "ready in %.1fs: %s (%s) on %s (%s), warm for batch sizes %s",
-            time.monotonic() - started,
-            self.manifest["arch"],
-            self.task.name,
-            self.runtime.device,
-            self.runtime.provider,
-            CONFIG.batch_buckets(),
-        )
 
     def _load(self) -> None:
+        started = time.monotonic()
         self.folder = CONFIG.locate_model()
         self.manifest = read_manifest(self.folder, CONFIG.model_sha256)
         task = task_for(self.manifest)
         # Served only from bytes checked against the manifest: a tampered, missing or unlisted file is refused.
-        self.runtime = load_runtime(
-            CONFIG.runtime,
-            self.folder,
-            self.manifest,
-            CONFIG.device,
-            CONFIG.precision,
-            CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None,
-            self.model_threads,
+        self.lanes, self.runtime = arrange(
+            CONFIG,
+            read_signature(self.manifest),
+            lambda threads: load_runtime(
+                CONFIG.runtime,
+                self.folder,
+                self.manifest,
+                CONFIG.device,
+                CONFIG.precision,
+                CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None,
+                threads,
+            ),
         )
         self.task: ServedTask = task(
             Serving(self.manifest, self.folder, self.runtime, CONFIG, self.decoders, self.batched)
         )
         self.task.warm_up()
+        log.info(
+            "ready in %.1fs: %s (%s) on %s (%s), %d lane(s) of %d thread(s), batches up to %d",
+            time.monotonic() - started,
+            self.manifest["arch"],
+            self.task.name,
+            self.runtime.device,
+            self.runtime.provider,
+            self.lanes.count,
+            self.lanes.threads,
+            self.lanes.max_batch_size,
+        )
 
     def padded_batch_sizes(self) -> list[int] | None:
         """On a GPU, batches run only at the sizes warmed up (see serve/batching.py for why); a task whose requests
@@ -174,13 +182,15 @@ class ModelService:
     async def batched(self, rows: Any) -> Any:
         """The model's outputs for `rows` (the task's `run`), batched with every other request's."""
         if self.batcher is None:  # created on the server's event loop, at the first request
+            assert self.lanes is not None  # set by _load, which a ready service has passed
             self.batcher = ModelBatcher(
                 self.task.run,
-                CONFIG.max_batch_size,
+                self.lanes.max_batch_size,
                 CONFIG.max_latency_ms,
                 self.padded_batch_sizes(),
                 self.decoders,
                 self.task.batch_shape,
+                self.lanes.count,
             )
         try:
             return await self.batcher(rows)

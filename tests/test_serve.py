@@ -147,7 +147,14 @@ def test_info_and_probes(server, exported):
     manifest = read_manifest_unchecked(exported)
     assert info["ready"] and info["runtime"] == "onnx"
     assert info["provider"] == "CPUExecutionProvider" and info["device"] == "cpu"
-    assert info["cpu"] == {"workers": 1, "model_threads": usable_cores()}
+    # How the model runs on this CPU: timed at load (serve/lanes.py), both arrangements at each batch size.
+    cpu, cores = info["cpu"], usable_cores()
+    assert cpu["workers"] == 1 and cpu["lanes"] * cpu["threads_per_lane"] == cores
+    if cores > 1:
+        assert cpu["chosen_by"] == "measured"
+        assert set(cpu["rows_per_s"]) == {f"1 x {cores} threads", f"{cores} x 1 thread"}
+        assert min(min(rates.values()) for rates in cpu["rows_per_s"].values()) > 0
+    assert 1 <= info["batching"]["batches_up_to"] <= info["batching"]["max_batch_size"] == 32
     assert info["batching"]["padded_to"] is None  # batches are padded on a GPU only
     # The export measured the fast JPEG decode (top-1 agreement on real images); it passed, so auto uses it.
     assert manifest["decode"]["fast"]["passed"] and manifest["decode"]["fast"]["top1_agreement"] >= 0.995
@@ -380,6 +387,11 @@ def test_concurrent_burst_mixing_good_and_bad(server, eager):
     assert server.status("/readyz") == 200
 
 
+def _cpu(workers: int, lanes: int, threads: int, chosen_by: str) -> dict:
+    """/info's `cpu` where nothing was timed."""
+    return {"workers": workers, "lanes": lanes, "threads_per_lane": threads, "chosen_by": chosen_by, "rows_per_s": {}}
+
+
 CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -388,11 +400,11 @@ CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
     [
         (
             {"HANDOFF_RUNTIME": "torchscript", "HANDOFF_CPU_THREADS": "1"},
-            {"runtime": "torchscript", "device": "cpu", "cpu": {"workers": 1, "model_threads": 1}},
+            {"runtime": "torchscript", "device": "cpu", "cpu": _cpu(1, 1, 1, "not measured: not ONNX Runtime")},
         ),
         (  # two processes answer on one port, each with its share of the cores
-            {"HANDOFF_WORKERS": "2"},
-            {"runtime": "onnx", "cpu": {"workers": 2, "model_threads": max(1, usable_cores() // 2)}},
+            {"HANDOFF_WORKERS": "2", "HANDOFF_LANES": "1"},
+            {"runtime": "onnx", "cpu": _cpu(2, 1, max(1, usable_cores() // 2), "HANDOFF_LANES")},
         ),
         pytest.param(
             {"HANDOFF_DEVICE": "cuda"}, {"provider": "CUDAExecutionProvider", "device": "cuda"}, marks=CUDA_ONLY

@@ -374,3 +374,45 @@ async def _refusal_of(batcher: ModelBatcher, rows: np.ndarray, refused: list) ->
         await batcher(rows)
     except ClientError as err:
         refused.append(err.status)
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_with_two_lanes_a_request_runs_while_another_batch_is_still_running(lanes: int):
+    """Lanes (serve/lanes.py): a request that comes while a batch runs takes a free lane at once; with one lane it
+    waits for that batch to end."""
+    release = threading.Event()
+    running, most_at_once, batches = [0], [0], []
+    lock = threading.Lock()
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        with lock:
+            running[0] += 1
+            most_at_once[0] = max(most_at_once[0], running[0])
+            batches.append(len(batch))
+        if len(batches) == 1:
+            release.wait(10)  # the first batch holds its lane until the second request has been seen
+        with lock:
+            running[0] -= 1
+        return batch * 10
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=4, max_latency_ms=10_000, lanes=lanes)
+        answers = {}
+
+        async def call(i: int):
+            answers[i] = await batcher(np.full((1, 1), float(i)))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(call, 0)
+            while not batches:
+                await anyio.sleep(0.01)
+            tasks.start_soon(call, 1)
+            await anyio.sleep(0.2)
+            second_ran_alongside = len(batches) == 2
+            release.set()
+        return answers, second_ran_alongside
+
+    answers, second_ran_alongside = anyio.run(go)
+    assert [answers[i][0, 0] for i in (0, 1)] == [0.0, 10.0]
+    assert second_ran_alongside == (lanes == 2)
+    assert most_at_once[0] == lanes and batches == [1, 1]

@@ -1,0 +1,168 @@
+"""How a CPU runs the model: how many batches at once (lanes), on how many threads each, and the largest batch
+worth forming. Measured at load, on the model itself, where the model's input shapes are fixed.
+
+ONNX Runtime splits one call across its intra-op threads, and on a small model or a small batch those threads
+spend much of the call waiting for each other. One session of one thread, called from several threads at once,
+keeps every core busy instead (ONNX Runtime's `run` is thread-safe, and a one-thread session computes on the
+calling thread; the weights are held once). Which arrangement is faster depends on the model and the host:
+on a 2-core Xeon a ViT the size of DeiT-tiny ran 54 images/s as one call on both cores at batch 1 and 96 as two
+calls of one thread each, and its rate fell at larger batches in both; a large convolution net gains little, and
+keeps one lane, where a lone request's call is twice as fast on two threads. So both are timed at the batch
+sizes the service will run, and lanes are taken only when they are clearly faster (LANES_GAIN).
+
+Where shapes are not fixed (a text model's sequence length, a detector's image size) nothing representative can
+be timed before the first request, and the model keeps one lane on every thread (HANDOFF_LANES sets it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from contract.signature import Signature
+from serve.config import ServeConfig
+from serve.runtime import Runtime, RuntimeUnavailable
+
+log = logging.getLogger("bentoml.handoff.lanes")
+
+LANES_GAIN = 1.15
+"""lanes are taken when their best rate is this much above one lane's: below it, a lone request's latency (one
+thread instead of all of them) is worth more than the throughput"""
+NEAR_BEST = 0.95
+"""the batch cap is the smallest batch whose rate is within this of the arrangement's best (a smaller batch waits
+less for company and holds less memory)"""
+MIN_TIMED_S = 0.05
+"""each arrangement and batch size is timed for at least two calls and this long"""
+LONGEST_CALL_S = 0.25
+"""a call that takes longer ends the climb to larger batches: its rate is already what batching can give, and
+timing larger ones would hold up the service's start"""
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """How the model runs, and why: /info's `cpu` (and `batching.batches_up_to`)."""
+
+    count: int
+    """batches the model runs at once"""
+    threads: int
+    """each call's intra-op threads"""
+    max_batch_size: int
+    """the largest batch the batcher forms (at most HANDOFF_MAX_BATCH_SIZE)"""
+    chosen_by: str
+    """"measured", "HANDOFF_LANES", or why nothing was measured"""
+    rows_per_s: dict[str, dict[int, float]] = field(default_factory=dict)
+    """what was measured: rows per second by arrangement ("1 x N threads", "N x 1 thread") and batch size"""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "lanes": self.count,
+            "threads_per_lane": self.threads,
+            "chosen_by": self.chosen_by,
+            "rows_per_s": {
+                name: {str(size): round(rate, 1) for size, rate in rates.items()}
+                for name, rates in self.rows_per_s.items()
+            },
+        }
+
+
+def sample_inputs(signature: Signature, rows: int) -> dict[str, np.ndarray] | None:
+    """Zeros for every input at `rows` rows, or None where an input has a dimension besides the batch's that is
+    not fixed (nothing representative to time)."""
+    inputs = {}
+    for tensor in signature.inputs:
+        dims = tensor.shape[1:]
+        if not all(isinstance(d, int) and d > 0 for d in dims):
+            return None
+        inputs[tensor.name] = np.zeros((rows, *dims), dtype=np.dtype(tensor.dtype))
+    return inputs
+
+
+def rows_per_s(runtime: Runtime, inputs: dict[str, np.ndarray], lanes: int) -> tuple[float, float]:
+    """Rows per second with `lanes` threads calling the runtime at once, and the slowest call's seconds. Each
+    thread's first call is not timed (it allocates for the new shape)."""
+    rows = len(next(iter(inputs.values())))
+    counts, longest = [0] * lanes, [0.0] * lanes
+    start = threading.Barrier(lanes + 1)
+    stop_at: list[float] = []
+
+    def lane(index: int) -> None:
+        runtime.run_named(inputs)
+        start.wait()
+        calls = 0
+        while calls < 2 or time.monotonic() < stop_at[0]:
+            began = time.monotonic()
+            runtime.run_named(inputs)
+            longest[index] = max(longest[index], time.monotonic() - began)
+            calls += 1
+        counts[index] = calls * rows
+
+    threads = [threading.Thread(target=lane, args=(i,), name=f"lanes-{i}") for i in range(lanes)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.monotonic()
+    stop_at.append(began + MIN_TIMED_S)
+    for thread in threads:
+        thread.join()
+    return sum(counts) / (time.monotonic() - began), max(longest)
+
+
+def measure(runtime: Runtime, signature: Signature, lanes: int, buckets: list[int]) -> dict[int, float]:
+    """Rows per second at each batch size, climbing until a call takes longer than LONGEST_CALL_S."""
+    rates: dict[int, float] = {}
+    for size in buckets:
+        inputs = sample_inputs(signature, size)
+        assert inputs is not None  # the caller checked the shapes are fixed
+        rates[size], longest = rows_per_s(runtime, inputs, lanes)
+        if longest > LONGEST_CALL_S:
+            break
+    return rates
+
+
+def decide(one_lane: dict[int, float], lanes: dict[int, float], count: int, max_batch: int) -> Lanes:
+    """The arrangement and batch cap from the two sweeps' rates (rows per second by batch size): one lane on
+    `count` threads, or `count` lanes of one thread."""
+    wide, narrow = f"1 x {count} threads", f"{count} x 1 thread"
+    measured = {wide: one_lane, narrow: lanes}
+    use_lanes = max(lanes.values()) >= LANES_GAIN * max(one_lane.values())
+    rates = lanes if use_lanes else one_lane
+    best = max(rates.values())
+    cap = min(size for size, rate in rates.items() if rate >= NEAR_BEST * best)
+    return Lanes(count if use_lanes else 1, 1 if use_lanes else count, min(cap, max_batch), "measured", measured)
+
+
+def arrange(config: ServeConfig, signature: Signature, load: Callable[[int], Runtime]) -> tuple[Lanes, Runtime]:
+    """The arrangement this worker serves with, and its runtime (`load(threads)` builds one): HANDOFF_LANES where
+    set, else timed (a CPU, ONNX Runtime, two or more threads and fixed shapes), else one lane on every thread."""
+    threads, max_batch = config.model_threads(), config.max_batch_size
+    if config.lanes is not None:
+        runtime = load(max(1, threads // config.lanes))
+        if config.lanes > 1 and (runtime.device != "cpu" or runtime.name != "onnx"):
+            raise RuntimeUnavailable(
+                f"HANDOFF_LANES={config.lanes}: several lanes run on a CPU with ONNX Runtime only "
+                f"(this is {runtime.name} on {runtime.device}); unset it or set 1"
+            )
+        return Lanes(config.lanes, max(1, threads // config.lanes), max_batch, "HANDOFF_LANES"), runtime
+    wide = load(threads)
+    why_not = (
+        "not a CPU" if wide.device != "cpu"
+        else "not ONNX Runtime" if wide.name != "onnx"
+        else "HANDOFF_CPU_THREADS" if config.cpu_threads is not None
+        else "one core" if threads < 2
+        else "shapes not fixed" if sample_inputs(signature, 1) is None
+        else None
+    )  # fmt: skip
+    if why_not is not None:
+        return Lanes(1, threads, max_batch, f"not measured: {why_not}"), wide
+    buckets = config.batch_buckets()
+    one_lane = measure(wide, signature, 1, buckets)
+    narrow = load(1)
+    chosen = decide(one_lane, measure(narrow, signature, threads, buckets), threads, max_batch)
+    log.info("lanes: %s", chosen.describe())
+    return chosen, (narrow if chosen.count > 1 else wide)

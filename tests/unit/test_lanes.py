@@ -1,0 +1,98 @@
+"""How a CPU runs the model (serve/lanes.py): the rule that picks lanes and the batch cap from measured rates, and
+the arrangement timed on a real ONNX Runtime session."""
+
+import pytest
+from onnx import TensorProto, helper
+
+from contract.signature import Signature, TensorSpec
+from serve.config import ServeConfig
+from serve.lanes import LANES_GAIN, arrange, decide, sample_inputs
+from serve.runtime import OnnxRuntime, RuntimeUnavailable, TorchScriptRuntime
+
+
+def test_lanes_are_taken_only_when_clearly_faster_and_the_cap_is_the_smallest_batch_near_the_best():
+    one_lane = {1: 50.0, 2: 56.0, 4: 62.0, 8: 64.0}
+    lanes = {1: 90.0, 2: 88.0, 4: 86.0, 8: 74.0}  # a ViT's shape: lanes win, batch 1 best
+    chosen = decide(one_lane, lanes, count=2, max_batch=32)
+    assert (chosen.count, chosen.threads, chosen.max_batch_size) == (2, 1, 1)
+    assert chosen.rows_per_s == {"1 x 2 threads": one_lane, "2 x 1 thread": lanes}
+
+    barely = {size: rate * (LANES_GAIN - 0.05) for size, rate in one_lane.items()}
+    kept = decide(one_lane, barely, count=2, max_batch=32)
+    assert (kept.count, kept.threads) == (1, 2)
+    assert kept.max_batch_size == 4  # 62 is within 5% of 64: the smaller batch waits less
+
+    assert decide({1: 10.0, 32: 100.0}, {1: 10.0}, count=2, max_batch=16).max_batch_size == 16
+
+
+def test_only_fixed_shapes_are_timed():
+    image = Signature((TensorSpec("input", "float32", (-1, 3, 8, 8)),), ())
+    text = Signature((TensorSpec("input_ids", "int64", (-1, -1)),), ())
+    assert sample_inputs(image, 4)["input"].shape == (4, 3, 8, 8)
+    assert sample_inputs(text, 4) is None
+
+
+def _matmul_model(fixed: bool) -> bytes:
+    """A real ONNX graph: input N x 64 (or N x any) times a 64 x 64 weight."""
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], [0.01] * 64 * 64)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["input", "w"], ["logits"])],
+        "matmul",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 64 if fixed else "D"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 64])],
+        [weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("lanes_env", [None, "2"])
+def test_the_arrangement_is_timed_or_set_and_its_runtime_built_with_its_threads(monkeypatch, lanes_env):
+    monkeypatch.setenv("HANDOFF_CPU_THREADS", "2") if lanes_env else monkeypatch.delenv("HANDOFF_CPU_THREADS", False)
+    monkeypatch.setenv("HANDOFF_WORKERS", "1")
+    monkeypatch.setenv("HANDOFF_MAX_BATCH_SIZE", "8")
+    if lanes_env:
+        monkeypatch.setenv("HANDOFF_LANES", lanes_env)
+    else:
+        monkeypatch.delenv("HANDOFF_LANES", False)
+    config = ServeConfig()
+    built: list[int] = []
+
+    def load(threads: int) -> OnnxRuntime:
+        built.append(threads)
+        return OnnxRuntime(_matmul_model(fixed=True), None, "cpu", "float32", threads=threads)
+
+    signature = Signature((TensorSpec("input", "float32", (-1, 64)),), (TensorSpec("logits", "float32", (-1, 64)),))
+    chosen, runtime = arrange(config, signature, load)
+    if lanes_env:  # set: nothing timed, each lane on its share of the threads
+        assert (chosen.count, chosen.threads, chosen.chosen_by, built) == (2, 1, "HANDOFF_LANES", [1])
+        return
+    if config.model_threads() < 2:
+        assert chosen.chosen_by == "not measured: one core" and built == [1]
+        return
+    assert chosen.chosen_by == "measured"
+    assert built == [config.model_threads(), 1]
+    assert set(chosen.rows_per_s) == {f"1 x {built[0]} threads", f"{built[0]} x 1 thread"}
+    assert list(chosen.rows_per_s[f"1 x {built[0]} threads"]) == [1, 2, 4, 8]
+    assert chosen.count * chosen.threads == built[0] and 1 <= chosen.max_batch_size <= 8
+    assert runtime.session.get_session_options().intra_op_num_threads == chosen.threads
+
+
+def test_lanes_over_one_are_refused_where_they_cannot_run(monkeypatch):
+    """Several lanes call one session from several threads: ONNX Runtime on a CPU only (here: TorchScript)."""
+    import io
+
+    import torch
+
+    monkeypatch.setenv("HANDOFF_LANES", "2")
+    monkeypatch.setenv("HANDOFF_CPU_THREADS", "2")
+    module = io.BytesIO()
+    torch.jit.save(torch.jit.script(torch.nn.Linear(64, 64)), module)
+    manifest = {"signature": {"inputs": [{"name": "input", "dtype": "float32", "shape": [-1, 64]}],
+                              "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, 64]}]}}  # fmt: skip
+    signature = Signature((TensorSpec("input", "float32", (-1, 64)),), ())
+
+    def load(threads: int) -> TorchScriptRuntime:
+        return TorchScriptRuntime(module.getvalue(), manifest, "cpu", "float32", threads)
+
+    with pytest.raises(RuntimeUnavailable, match="HANDOFF_LANES=2: several lanes run on a CPU with ONNX Runtime only"):
+        arrange(ServeConfig(), signature, load)
