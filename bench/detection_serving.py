@@ -165,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-size", type=int, help="the export's --max-size")
     p.add_argument("--export", type=Path, help="serve this detector or segmenter export instead")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
+    p.add_argument(
+        "--retry-after",
+        action="store_true",
+        help="clients wait as a 503's Retry-After says before sending again (default: at once); a model slower "
+        "than the c=64 queue's budget (HANDOFF_MAX_LATENCY_MS) refuses most of them either way",
+    )
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="detection-bench-"))
     sizes = [f"--{side}-size={value}" for side, value in (("min", args.min_size), ("max", args.max_size)) if value]
@@ -182,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         with BentoServer(work / f"ours{round_}.log", **env) as server:
             ready = server.wait_ready()
             assert_provider("ours", [served_provider("ours", server.url)], args.device)
-            levels = load_levels(args.client, server.url, server.proc.pid, requests, CONCURRENCY, window)
+            levels = load_levels(
+                args.client, server.url, server.proc.pid, requests, CONCURRENCY, window, args.retry_after
+            )
             return {"ready_s": ready, "window_s": window, **levels}
 
     rounds = measure_rounds(args.rounds, ["ours"], lambda: limit_round(model, jpegs, args.seconds), ours)
@@ -203,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         "client": args.client,
         "model": read_manifest_unchecked(folder)["arch"],
         "images": "32 views of scikit-learn's photos, 400 x 300 JPEG",
+        "clients_wait_retry_after": args.retry_after,
         **paired,
     }
     report = {"ratios": ratios, "seconds": seconds, "figures": figures, "goal": GOAL, "goal_met": goal}
     variant = "" if args.export or args.arch == DEFAULT_ARCH else args.arch
-    write_serving_result("detection_serving", args, rounds, median, ["ours"], report, variant)
+    polite = "retry-after" if args.retry_after else ""
+    write_serving_result("detection_serving", args, rounds, median, ["ours"], report, variant, polite)
     return 0
 
 

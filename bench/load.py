@@ -12,6 +12,8 @@ is answered):
 - httpx (one asyncio process): the fallback, and what a Python user would reach for. It cannot load a fast service
   at high concurrency: against `GET /livez` here it gave 1,138 requests/s at c=4 and 111 at c=64, where wrk gave
   2,848 at c=64 (2-core AMD EPYC, 2026-12-04); a figure at c=64 taken with httpx measures the client.
+Both send a refused request's next one at once, unless told to wait as its Retry-After says (`retry_after`, as
+HTTP asks of a client: a closed loop that does not wait spends the server's CPU on requests refused again).
 Either way the result carries the client's own CPU time per image and its share of the machine, and the
 server's CPU time per image (its whole process tree: the arbiter and every worker; read after the ramp and
 just before the end, SteadyServerCpu), so the overhead per request can be read independently of who else
@@ -91,6 +93,23 @@ done = function(summary, latency, requests)
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
     e.connect + e.read + e.write + e.status + e.timeout, e.status, threads[1]:get("started"),
     table.concat(stamps, ",")))
+end
+"""
+
+
+# Added where the clients honour Retry-After: each refusal that carries one makes a connection wait it out before
+# its next request (wrk's `delay` is asked before every request; which connection waits is whichever asks next).
+WRK_RETRY_AFTER = """
+local owed = {}
+local count_answer = response
+response = function(status, headers, body)
+  count_answer(status, headers, body)
+  local after = headers["retry-after"] or headers["Retry-After"]
+  if status ~= 200 and after then owed[#owed + 1] = tonumber(after) * 1000 end
+end
+delay = function()
+  if #owed > 0 then return table.remove(owed, 1) end
+  return 0
 end
 """
 
@@ -213,7 +232,9 @@ def _with_cpu(
     return result
 
 
-def load_wrk(url: str, server_pid: int, requests: list[Upload], concurrency: int, seconds: float) -> dict[str, Any]:
+def load_wrk(
+    url: str, server_pid: int, requests: list[Upload], concurrency: int, seconds: float, retry_after: bool = False
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wrk-") as folder:
         for i, upload in enumerate(requests):
             Path(folder, f"{i:03d}.body").write_bytes(upload.body)
@@ -224,6 +245,7 @@ def load_wrk(url: str, server_pid: int, requests: list[Upload], concurrency: int
         )
         script.write_text(
             WRK_SCRIPT % {"folder": folder, "count": len(requests), "headers": headers, "path": requests[0].path}
+            + (WRK_RETRY_AFTER if retry_after else "")
         )
         cmd = ["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds:g}s", "--timeout", "120s", "-s", str(script)]
         server_before = tree_cpu_seconds(server_pid)
@@ -251,7 +273,9 @@ def load_wrk(url: str, server_pid: int, requests: list[Upload], concurrency: int
     return _with_cpu(result, figures["requests"], wall, usage.ru_utime + usage.ru_stime, server_cpu, steady)
 
 
-async def _load_httpx(url: str, requests: list[Upload], concurrency: int, seconds: float) -> tuple[dict, int]:
+async def _load_httpx(
+    url: str, requests: list[Upload], concurrency: int, seconds: float, retry_after: bool
+) -> tuple[dict, int]:
     latencies: list[float] = []
     answers: list[float] = []  # when each image was answered (time.monotonic)
     errors = 0
@@ -268,6 +292,8 @@ async def _load_httpx(url: str, requests: list[Upload], concurrency: int, second
             errors += response.status_code != 200
             if response.status_code == 200:
                 answers.append(time.monotonic())
+            elif retry_after and "retry-after" in response.headers:
+                await asyncio.sleep(float(response.headers["retry-after"]))
             i += concurrency
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -287,11 +313,13 @@ async def _load_httpx(url: str, requests: list[Upload], concurrency: int, second
     return result, len(latencies)
 
 
-def load_httpx(url: str, server_pid: int, requests: list[Upload], concurrency: int, seconds: float) -> dict[str, Any]:
+def load_httpx(
+    url: str, server_pid: int, requests: list[Upload], concurrency: int, seconds: float, retry_after: bool = False
+) -> dict[str, Any]:
     server_before, client_before = tree_cpu_seconds(server_pid), time.process_time()
     started = time.perf_counter()
     steady = SteadyServerCpu(server_pid, seconds)
-    result, images = asyncio.run(_load_httpx(url, requests, concurrency, seconds))
+    result, images = asyncio.run(_load_httpx(url, requests, concurrency, seconds, retry_after))
     wall = time.perf_counter() - started
     client_cpu, server_cpu = time.process_time() - client_before, tree_cpu_seconds(server_pid) - server_before
     return _with_cpu(result, images, wall, client_cpu, server_cpu, steady)
@@ -307,14 +335,29 @@ def warm_up(url: str, requests: list[Upload], count: int = 8) -> None:
             client.post(f"{url}{upload.path}", content=upload.body, headers=upload.headers).raise_for_status()
 
 
-def load(client: str, url: str, server_pid: int, requests: list[Upload], concurrency: int, seconds: float) -> dict:
-    """Images/s, p50/p99 latency, errors, and client and server CPU, for `seconds` of load at `concurrency`."""
-    return CLIENTS[client](url, server_pid, requests, concurrency, seconds)
+def load(
+    client: str,
+    url: str,
+    server_pid: int,
+    requests: list[Upload],
+    concurrency: int,
+    seconds: float,
+    retry_after: bool = False,
+) -> dict:
+    """Images/s, p50/p99 latency, errors, and client and server CPU, for `seconds` of load at `concurrency`;
+    `retry_after`: a refused request's connection waits as its Retry-After says (else it sends again at once)."""
+    return CLIENTS[client](url, server_pid, requests, concurrency, seconds, retry_after)
 
 
 def load_levels(
-    client: str, url: str, server_pid: int, requests: list[Upload], levels: tuple[int, ...], seconds: float
+    client: str,
+    url: str,
+    server_pid: int,
+    requests: list[Upload],
+    levels: tuple[int, ...],
+    seconds: float,
+    retry_after: bool = False,
 ) -> dict[str, dict]:
     """A warm-up, then `load` at each concurrency level in turn, keyed by the level as text (as in the JSON)."""
     warm_up(url, requests)
-    return {str(c): load(client, url, server_pid, requests, c, seconds) for c in levels}
+    return {str(c): load(client, url, server_pid, requests, c, seconds, retry_after) for c in levels}

@@ -13,7 +13,9 @@ one text per request.
 Sides, each given the whole machine in turn:
 - limit: no HTTP: the exported tokenizer (contract/tokenizer_spec.py, as the service uses it; pairs for `rerank`)
   and the ONNX Runtime session with the service's settings, on full batches of the same texts (each batch padded to
-  its longest); the fastest of batch sizes 1, 8 and 32, timed again for --seconds;
+  its longest, or cut into like lengths as the service cuts it); on a CPU also lanes, a one-thread session called
+  from a thread per core, as the service runs where its load-time timing finds that faster (serve/lanes.py); the
+  fastest arrangement, timed again for --seconds;
 - ours: `bentoml serve` with serve/service.py, the task's route, one text per request;
 - ours_oip (`classify`): the same service through the Open Inference Protocol's binary infer, a BYTES `text` [1];
 - peer_batched (`classify`): bench/peer/text_batched.py, what BentoML's adaptive-batching guide leads to, with the
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,7 @@ from contract.manifest import read_manifest_unchecked  # noqa: E402
 from contract.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from harness.tiny_text import wordpiece_tokenizer  # noqa: E402
+from serve.config import usable_cores  # noqa: E402
 from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
 from serve.tasks.texts import PaddedSequences  # noqa: E402
 
@@ -140,6 +144,11 @@ class InProcessText:
             str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device)
         )
         assert_provider("limit", self.session.get_providers(), device)
+        # Lanes (serve/lanes.py): one one-thread session called from a thread per core, as the service runs it
+        # when its load-time timing finds that faster; a CPU arrangement.
+        cores = usable_cores() if device == "cpu" else 1
+        self.lanes = ThreadPoolExecutor(cores) if cores > 1 else None
+        self.narrow = ort.InferenceSession(str(folder / "model.onnx"), onnx_session_options(1)) if self.lanes else None
 
     def encode(self, texts: list[str]) -> dict[str, Any]:
         if self.pairs:
@@ -150,13 +159,21 @@ class InProcessText:
         for batch in batches:
             self.session.run(None, self.encode(batch))
 
-    def run_grouped(self, batches: list[list[str]]) -> None:
+    def run_grouped(self, batches: list[list[str]], session: Any = None) -> None:
         """Each batch as the service runs it: every text tokenized alone, the batch cut into calls of like lengths
         (serve/tasks/texts.py, PaddedSequences.groups)."""
         for batch in batches:
             parts = [self.encode([text]) for text in batch]
             for group in self.shape.groups(parts):
-                self.session.run(None, self.shape.join([parts[i] for i in group]))
+                (session or self.session).run(None, self.shape.join([parts[i] for i in group]))
+
+    def run_in_lanes(self, batches: list[list[str]]) -> None:
+        """run_grouped on the one-thread session, the batches dealt out to the lanes, every lane at once."""
+        assert self.lanes is not None
+        count = self.lanes._max_workers
+        shares = [batches[k::count] for k in range(count)]
+        for done in [self.lanes.submit(self.run_grouped, share, self.narrow) for share in shares if share]:
+            done.result()
 
 
 def query_of(text: str) -> str:
@@ -176,9 +193,11 @@ def _rate(run: Callable[[list[list[str]]], None], texts: list[str], size: int, c
 
 def limit_round(model: InProcessText, texts: list[str], seconds: float) -> dict[str, Any]:
     """The sweep (96 texts each: batches of 1, 8 and 32 as they come, and of 32 cut into like lengths as the
-    service cuts them), the fastest timed again for `seconds`, and one text alone."""
+    service cuts them, and in lanes, of 8 and 32), the fastest timed again for `seconds`, and one text alone."""
     arrangements = {f"batch {size}": (model.run, size) for size in BATCH_SIZES}
     arrangements["batch 32 by length"] = (model.run_grouped, 32)
+    if model.lanes is not None:
+        arrangements |= {f"lanes, batch {size} by length": (model.run_in_lanes, size) for size in (8, 32)}
     swept = {name: _rate(run, texts, size, 96) for name, (run, size) in arrangements.items()}
     best = max(swept, key=lambda name: swept[name]["images_per_s"])
     run, size = arrangements[best]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 
 class ClientError(ValueError):
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, retry_after_s: int | None = None) -> None:
+        """`retry_after_s`: when the request may succeed if sent again (a 503 or 429's Retry-After header)."""
         super().__init__(message)
         self.status = status
+        self.retry_after_s = retry_after_s

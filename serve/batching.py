@@ -40,18 +40,20 @@ the runs that passed, and a request that fails alone gets `ModelFailed` (any mod
 out-of-vocabulary token id in 1 of 121 requests failed 62 of them before, security round 3). A failure costs
 about log2(batch) extra runs of the batch's rows; a batch that passes costs nothing more.
 
-Overload: a request is refused at once with 503 when the model cannot finish it within max_latency_ms by
-the measured time per row, or when its turn comes after it has already waited that long. The time per row is the
-median of the recent batches', so a few costly requests (a 26000 x 520 image) do not raise it for everyone after
-them, and a request that finds the model idle is always taken: nothing it would wait for is ahead of it, and a
-refused request never runs, so an estimate kept up by refusals would never come down (security round 4). A
-batcher that has refused every request for REFUSING_UNREADY_S says so (`refusing`), and the service is not ready.
+Overload: a request is refused at once with 503 (its Retry-After: when the queue ahead will have drained) when the
+model cannot finish it within max_latency_ms by the measured time per row, or when its turn comes after it has
+already waited that long. The time per row is the median of the recent batches', so a few costly requests (a 26000
+x 520 image) do not raise it for everyone after them, and a request that finds the model idle is always taken:
+nothing it would wait for is ahead of it, and a refused request never runs, so an estimate kept up by refusals
+would never come down (security round 4). A batcher that has refused every request for REFUSING_UNREADY_S says so
+(`refusing`), and the service is not ready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -208,9 +210,14 @@ class ModelBatcher:
             return None
         return f"overloaded: every request refused for {now - since:.0f}s (HANDOFF_MAX_LATENCY_MS)"
 
-    async def __call__(self, batch: Rows) -> Any:
-        if self._expected_wait_s(_size(batch)) > self.max_latency_s:
+    def admit(self, rows: int) -> None:
+        """Refuse `rows` now (503) if the model cannot finish them within the budget: before a request is decoded,
+        so that a refusal under overload costs the decoders nothing."""
+        if self._expected_wait_s(rows) > self.max_latency_s:
             raise self._overloaded()
+
+    async def __call__(self, batch: Rows) -> Any:
+        self.admit(_size(batch))
         job = _Job(batch, asyncio.get_running_loop().create_future(), key=self.shape.key(batch))
         self.queue.append(job)
         self.queued_rows += job.size
@@ -230,7 +237,9 @@ class ModelBatcher:
         self.refused_last = time.monotonic()
         if self.refused_since is None:
             self.refused_since = self.refused_last
-        return ClientError("overloaded: the model cannot answer within HANDOFF_MAX_LATENCY_MS", 503)
+        # Retry when the queue ahead has drained (at least 1 s, at most a minute).
+        retry_after_s = min(60, max(1, math.ceil(self._expected_wait_s(0))))
+        return ClientError("overloaded: the model cannot answer within HANDOFF_MAX_LATENCY_MS", 503, retry_after_s)
 
     def _next_batch(self) -> list[_Job]:
         """The queued jobs that fit in one batch, oldest first, all of the oldest one's shape; a job that waited

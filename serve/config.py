@@ -74,7 +74,7 @@ class ServeConfig:
     """threads each worker's model runs on; unset: the cores this process may use, shared out among the workers"""
     lanes: int | None = _setting("HANDOFF_LANES", None, _lanes)
     """batches each worker's model runs at once on a CPU, each on HANDOFF_CPU_THREADS / lanes threads; unset
-    (auto): timed at load where the model's shapes are fixed (serve/lanes.py), else 1"""
+    (auto): timed at load on a CPU with ONNX Runtime (serve/lanes.py), else 1"""
     max_batch_size: int = _setting("HANDOFF_MAX_BATCH_SIZE", 32, _env_int)
     """the largest batch; where lanes are timed at load, the batcher may stop at a smaller one that is as fast"""
     max_latency_ms: int = _setting("HANDOFF_MAX_LATENCY_MS", 10_000, _env_int)

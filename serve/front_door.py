@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -41,18 +41,24 @@ def query_params(scope: Scope) -> dict[str, list[str]]:
     return parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
 
 
-async def send_json(send: Send, status: int, payload: dict[str, Any] | bytes, close: bool = False) -> None:
+async def send_json(
+    send: Send,
+    status: int,
+    payload: dict[str, Any] | bytes,
+    close: bool = False,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
     """A JSON response (`payload` already encoded, or to encode here); `close` asks the server to close the
-    connection after it."""
+    connection after it; `headers` are added."""
     try:
         # ~10x the standard library's speed on a response of a few numbers
         body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
     except orjson.JSONEncodeError:  # a lone surrogate in a client's text, which orjson refuses: escaped instead
         body = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    sent = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
     if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+        sent.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": sent})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -112,7 +118,7 @@ class FrontDoor:
             accepted = " or ".join(sorted(t for t in route.media_types if t) or ["no Content-Type"])
             raise ClientError(f"{scope['path']} takes {accepted}, not {sent or 'a body without a type'}", 415)
         if not self.reading.free:
-            raise ClientError("too many uploads in progress; retry shortly", 429)
+            raise ClientError("too many uploads in progress; retry shortly", 429, retry_after_s=1)
         deadline = asyncio.timeout(self.body_timeout_s)
         try:
             with self.reading:

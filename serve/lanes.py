@@ -1,17 +1,22 @@
 """How a CPU runs the model: how many batches at once (lanes), on how many threads each, and the largest batch
-worth forming. Measured at load, on the model itself, where the model's input shapes are fixed.
+worth forming. Measured at load, on the model itself.
 
 ONNX Runtime splits one call across its intra-op threads, and on a small model or a small batch those threads
 spend much of the call waiting for each other. One session of one thread, called from several threads at once,
 keeps every core busy instead (ONNX Runtime's `run` is thread-safe, and a one-thread session computes on the
 calling thread; the weights are held once). Which arrangement is faster depends on the model and the host:
 on a 2-core Xeon a ViT the size of DeiT-tiny ran 54 images/s as one call on both cores at batch 1 and 96 as two
-calls of one thread each, and its rate fell at larger batches in both; a large convolution net gains little, and
-keeps one lane, where a lone request's call is twice as fast on two threads. So both are timed at the batch
+calls of one thread each, and its rate fell at larger batches in both; a model large enough to keep its threads
+busy gains less, and a lone request's call is up to twice as fast on two threads. So both are timed at the batch
 sizes the service will run, and lanes are taken only when they are clearly faster (LANES_GAIN).
 
-Where shapes are not fixed (a text model's sequence length, a detector's image size) nothing representative can
-be timed before the first request, and the model keeps one lane on every thread (HANDOFF_LANES sets it).
+The choice is made once, at load: a host busy with other work at that moment may make it otherwise (/info shows
+what was measured; HANDOFF_LANES fixes it). The model is timed on zeros, a dimension that is not fixed (a text
+model's sequence length, a detector's image size) at FREE_DIMENSION: no request has come yet, and what is compared
+is the two arrangements on one input, not the model's speed on the requests to come. A model whose lone call
+already takes longer than LONGEST_CALL_S is not timed at all (its threads have work enough; timing it would hold up
+the start): one lane on every thread. A task whose requests run alone (a detector's images of their own sizes) is
+timed at batch 1 only.
 """
 
 from __future__ import annotations
@@ -31,17 +36,20 @@ from serve.runtime import Runtime, RuntimeUnavailable
 
 log = logging.getLogger("bentoml.handoff.lanes")
 
-LANES_GAIN = 1.15
+LANES_GAIN = 1.1
 """lanes are taken when their best rate is this much above one lane's: below it, a lone request's latency (one
 thread instead of all of them) is worth more than the throughput"""
-NEAR_BEST = 0.95
-"""the batch cap is the smallest batch whose rate is within this of the arrangement's best (a smaller batch waits
-less for company and holds less memory)"""
+NEAR_BEST = 0.9
+"""the batch cap is the largest batch whose rate is within this of the arrangement's best: batches are capped only
+where larger ones are clearly slower (a ViT's attention on one thread), since a served batch also carries costs
+the timing does not see (the batcher's and the event loop's work per call, a text batch's padding)"""
 MIN_TIMED_S = 0.05
 """each arrangement and batch size is timed for at least two calls and this long"""
 LONGEST_CALL_S = 0.25
 """a call that takes longer ends the climb to larger batches: its rate is already what batching can give, and
 timing larger ones would hold up the service's start"""
+FREE_DIMENSION = 64
+"""the size given to a dimension that is not fixed when the model is timed (64 tokens, 64 x 64 pixels)"""
 
 
 @dataclass(frozen=True)
@@ -71,16 +79,13 @@ class Lanes:
         }
 
 
-def sample_inputs(signature: Signature, rows: int) -> dict[str, np.ndarray] | None:
-    """Zeros for every input at `rows` rows, or None where an input has a dimension besides the batch's that is
-    not fixed (nothing representative to time)."""
-    inputs = {}
-    for tensor in signature.inputs:
-        dims = tensor.shape[1:]
-        if not all(isinstance(d, int) and d > 0 for d in dims):
-            return None
-        inputs[tensor.name] = np.zeros((rows, *dims), dtype=np.dtype(tensor.dtype))
-    return inputs
+def sample_inputs(signature: Signature, rows: int) -> dict[str, np.ndarray]:
+    """Zeros for every input at `rows` rows, a dimension that is not fixed at FREE_DIMENSION (token id 0 and a
+    mask of zeros are valid inputs to every text model served)."""
+    return {
+        tensor.name: np.zeros((rows, *(d if d > 0 else FREE_DIMENSION for d in tensor.shape[1:])), tensor.dtype)
+        for tensor in signature.inputs
+    }
 
 
 def rows_per_s(runtime: Runtime, inputs: dict[str, np.ndarray], lanes: int) -> tuple[float, float]:
@@ -88,14 +93,17 @@ def rows_per_s(runtime: Runtime, inputs: dict[str, np.ndarray], lanes: int) -> t
     thread's first call is not timed (it allocates for the new shape)."""
     rows = len(next(iter(inputs.values())))
     counts, longest = [0] * lanes, [0.0] * lanes
+    failures: list[Exception] = []
     start = threading.Barrier(lanes + 1)
-    stop_at: list[float] = []
 
     def lane(index: int) -> None:
-        runtime.run_named(inputs)
+        try:
+            runtime.run_named(inputs)
+        except Exception as err:  # noqa: BLE001 - handed to the caller below
+            failures.append(err)
         start.wait()
-        calls = 0
-        while calls < 2 or time.monotonic() < stop_at[0]:
+        stop_at, calls = time.monotonic() + MIN_TIMED_S, 0
+        while not failures and (calls < 2 or time.monotonic() < stop_at):
             began = time.monotonic()
             runtime.run_named(inputs)
             longest[index] = max(longest[index], time.monotonic() - began)
@@ -107,20 +115,28 @@ def rows_per_s(runtime: Runtime, inputs: dict[str, np.ndarray], lanes: int) -> t
         thread.start()
     start.wait()
     began = time.monotonic()
-    stop_at.append(began + MIN_TIMED_S)
     for thread in threads:
         thread.join()
+    if failures:
+        raise failures[0]
     return sum(counts) / (time.monotonic() - began), max(longest)
 
 
-def measure(runtime: Runtime, signature: Signature, lanes: int, buckets: list[int]) -> dict[int, float]:
-    """Rows per second at each batch size, climbing until a call takes longer than LONGEST_CALL_S."""
-    rates: dict[int, float] = {}
+def measure(
+    arrangements: list[tuple[Runtime, int]], signature: Signature, buckets: list[int]
+) -> list[dict[int, float]]:
+    """Rows per second of each arrangement (a runtime and how many lanes call it) at each batch size. At each size
+    the arrangements are timed in turn, so that whatever else the host does meanwhile weighs on them alike; each
+    climbs to larger batches until one of its calls takes longer than LONGEST_CALL_S."""
+    rates: list[dict[int, float]] = [{} for _ in arrangements]
+    climbing = [True] * len(arrangements)
     for size in buckets:
         inputs = sample_inputs(signature, size)
-        assert inputs is not None  # the caller checked the shapes are fixed
-        rates[size], longest = rows_per_s(runtime, inputs, lanes)
-        if longest > LONGEST_CALL_S:
+        for index, (runtime, lanes) in enumerate(arrangements):
+            if climbing[index]:
+                rates[index][size], longest = rows_per_s(runtime, inputs, lanes)
+                climbing[index] = longest <= LONGEST_CALL_S
+        if not any(climbing):
             break
     return rates
 
@@ -133,13 +149,16 @@ def decide(one_lane: dict[int, float], lanes: dict[int, float], count: int, max_
     use_lanes = max(lanes.values()) >= LANES_GAIN * max(one_lane.values())
     rates = lanes if use_lanes else one_lane
     best = max(rates.values())
-    cap = min(size for size, rate in rates.items() if rate >= NEAR_BEST * best)
+    cap = max(size for size, rate in rates.items() if rate >= NEAR_BEST * best)
     return Lanes(count if use_lanes else 1, 1 if use_lanes else count, min(cap, max_batch), "measured", measured)
 
 
-def arrange(config: ServeConfig, signature: Signature, load: Callable[[int], Runtime]) -> tuple[Lanes, Runtime]:
+def arrange(
+    config: ServeConfig, signature: Signature, load: Callable[[int], Runtime], runs_alone: bool = False
+) -> tuple[Lanes, Runtime]:
     """The arrangement this worker serves with, and its runtime (`load(threads)` builds one): HANDOFF_LANES where
-    set, else timed (a CPU, ONNX Runtime, two or more threads and fixed shapes), else one lane on every thread."""
+    set, else timed (a CPU, ONNX Runtime, two or more threads), else one lane on every thread. `runs_alone`: each
+    request's rows run in a call of their own (timed at batch 1 only)."""
     threads, max_batch = config.model_threads(), config.max_batch_size
     if config.lanes is not None:
         runtime = load(max(1, threads // config.lanes))
@@ -155,14 +174,20 @@ def arrange(config: ServeConfig, signature: Signature, load: Callable[[int], Run
         else "not ONNX Runtime" if wide.name != "onnx"
         else "HANDOFF_CPU_THREADS" if config.cpu_threads is not None
         else "one core" if threads < 2
-        else "shapes not fixed" if sample_inputs(signature, 1) is None
         else None
     )  # fmt: skip
+    buckets = [1] if runs_alone else config.batch_buckets()
+    try:
+        if why_not is None:
+            slowest = 1 / measure([(wide, 1)], signature, [1])[0][1]
+            if slowest > LONGEST_CALL_S:
+                why_not = f"one call takes {slowest:.2f} s"
+    except Exception as err:  # noqa: BLE001 - a model that cannot run on zeros is served as it is, not timed
+        why_not = f"the model failed on a sample ({type(err).__name__})"
     if why_not is not None:
         return Lanes(1, threads, max_batch, f"not measured: {why_not}"), wide
-    buckets = config.batch_buckets()
-    one_lane = measure(wide, signature, 1, buckets)
     narrow = load(1)
-    chosen = decide(one_lane, measure(narrow, signature, threads, buckets), threads, max_batch)
+    one_lane, lanes = measure([(wide, 1), (narrow, threads)], signature, buckets)
+    chosen = decide(one_lane, lanes, threads, max_batch)
     log.info("lanes: %s", chosen.describe())
     return chosen, (narrow if chosen.count > 1 else wide)

@@ -142,7 +142,7 @@ class ProtocolSurface:
     async def infer(self, request: Incoming) -> Answer:
         if request.params:
             raise ClientError(f"unknown query parameter(s) {', '.join(sorted(request.params))}")
-        service = self.service().require_ready()
+        service = self.service().require_room()
         max_rows = service.config.max_batch_size
         header = dict(request.scope.get("headers") or []).get(b"inference-header-content-length")
         # The whole body decides, binary part included: splitting a BYTES tensor costs time too.

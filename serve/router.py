@@ -48,7 +48,7 @@ class Router:
         try:
             await self._dispatch(scope, receive, send)
         except ClientError as err:  # refused before any handler ran: the access line records it, no line of its own
-            await send_json(send, err.status, {"error": str(err)})
+            await send_json(send, err.status, {"error": str(err)}, headers=retry_after(err))
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = self.match(scope["method"], scope["path"])
@@ -66,7 +66,7 @@ class Router:
         if read is None:
             return  # the client left
         if not self.front_door.processing.free:
-            raise ClientError("too many requests in progress; retry with backoff", 429)
+            raise ClientError("too many requests in progress; retry with backoff", 429, retry_after_s=1)
         incoming = Incoming(scope, *read, path_params=path_params)
         with self.front_door.processing:
             await _guarded(scope, send, lambda tracked: _respond(endpoint, incoming, tracked))
@@ -98,7 +98,13 @@ async def send_client_error(scope: Scope, send: Send, error: ClientError) -> Non
     mistake is never a traceback."""
     line = client_error_args(scope["method"], scope["path"], error.status, error)
     (log.info if error.status < 500 else log.warning)(CLIENT_ERROR, *line)
-    await send_json(send, error.status, {"error": str(error)})
+    await send_json(send, error.status, {"error": str(error)}, headers=retry_after(error))
+
+
+def retry_after(error: ClientError) -> list[tuple[bytes, bytes]]:
+    """Retry-After for an error that passes with time (an overloaded model, a full server): a client that waits
+    as it says, as HTTP asks, does not spend the server's CPU on requests refused again."""
+    return [] if error.retry_after_s is None else [(b"retry-after", str(error.retry_after_s).encode())]
 
 
 async def _guarded(scope: Scope, send: Send, respond: Callable[[Send], Awaitable[Any]]) -> None:

@@ -125,6 +125,7 @@ class ModelService:
                 CONFIG.tensorrt_cache if CONFIG.tensorrt == "1" else None,
                 threads,
             ),
+            task.runs_alone,
         )
         self.task: ServedTask = task(
             Serving(self.manifest, self.folder, self.runtime, CONFIG, self.decoders, self.batched)
@@ -172,9 +173,17 @@ class ModelService:
             raise ClientError(f"model not ready: {self.not_ready}", 503)
         return self
 
+    def require_room(self) -> ModelService:
+        """Ready, and the model not so far behind that a request would wait past its budget: checked before a
+        request is decoded (the batcher checks again with its rows), so an overloaded service refuses cheaply."""
+        self.require_ready()
+        if self.batcher is not None:
+            self.batcher.admit(1)
+        return self
+
     async def answer(self, route: str, request: Incoming) -> Answer:
         """A model route (/classify, /detect, /segment, /predict), answered by the task, or refused by it."""
-        self.require_ready()
+        self.require_room()
         if route not in self.task.routes:
             raise self.task.refuse(route)
         return await self.task.answer(route, request)

@@ -305,12 +305,16 @@ def test_health_answers_under_load_never_429(server, images):
         httpx.get(f"{server.url}{p}", timeout=10).status_code
         for p in ["/v2/health/ready", f"/v2/models/{NAME}/ready"] * 10
     ]
-    statuses = set()
+    statuses, retry_afters = set(), set()
     for connection in load:
         with connection:
-            statuses.add(int(connection.recv(64).split(b" ", 2)[1]))
+            head = connection.recv(4096).split(b"\r\n\r\n", 1)[0].lower()
+            statuses.add(status := int(head.split(b" ", 2)[1]))
+            if status == 429:  # when to come back, as HTTP asks of a refusal that passes with time
+                retry_afters.add(next((line for line in head.split(b"\r\n") if line.startswith(b"retry-after:")), None))
     assert probes == [200] * 20 and statuses <= {200, 429}, statuses
     assert 429 in statuses, "the load never reached the limit, so the probes were not sent under it"
+    assert retry_afters == {b"retry-after: 1"}, retry_afters
 
 
 @pytest.fixture(scope="module")

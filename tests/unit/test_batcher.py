@@ -66,6 +66,7 @@ def test_overload_is_refused_with_503_and_the_rest_answered():
                 outcomes.append("ok" if out[0, 0] == i + 1 else "wrong row")
             except ClientError as err:
                 outcomes.append(err.status)
+                assert err.retry_after_s is not None and 1 <= err.retry_after_s <= 60  # the 503's Retry-After
 
         for _ in range(3):
             async with anyio.create_task_group() as tasks:

@@ -1,44 +1,49 @@
 """How a CPU runs the model (serve/lanes.py): the rule that picks lanes and the batch cap from measured rates, and
 the arrangement timed on a real ONNX Runtime session."""
 
+import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 from contract.signature import Signature, TensorSpec
 from serve.config import ServeConfig
-from serve.lanes import LANES_GAIN, arrange, decide, sample_inputs
+from serve.lanes import FREE_DIMENSION, LANES_GAIN, arrange, decide, sample_inputs
 from serve.runtime import OnnxRuntime, RuntimeUnavailable, TorchScriptRuntime
 
 
-def test_lanes_are_taken_only_when_clearly_faster_and_the_cap_is_the_smallest_batch_near_the_best():
+def test_lanes_are_taken_only_when_clearly_faster_and_the_cap_is_the_largest_batch_near_the_best():
     one_lane = {1: 50.0, 2: 56.0, 4: 62.0, 8: 64.0}
     lanes = {1: 90.0, 2: 88.0, 4: 86.0, 8: 74.0}  # a ViT's shape: lanes win, batch 1 best
     chosen = decide(one_lane, lanes, count=2, max_batch=32)
-    assert (chosen.count, chosen.threads, chosen.max_batch_size) == (2, 1, 1)
+    assert (chosen.count, chosen.threads, chosen.max_batch_size) == (2, 1, 4)  # 86 is within 10% of 90, 74 is not
     assert chosen.rows_per_s == {"1 x 2 threads": one_lane, "2 x 1 thread": lanes}
 
     barely = {size: rate * (LANES_GAIN - 0.05) for size, rate in one_lane.items()}
     kept = decide(one_lane, barely, count=2, max_batch=32)
     assert (kept.count, kept.threads) == (1, 2)
-    assert kept.max_batch_size == 4  # 62 is within 5% of 64: the smaller batch waits less
+    assert kept.max_batch_size == 8  # the best: nothing larger was measured
 
     assert decide({1: 10.0, 32: 100.0}, {1: 10.0}, count=2, max_batch=16).max_batch_size == 16
 
 
-def test_only_fixed_shapes_are_timed():
+def test_a_dimension_that_is_not_fixed_is_timed_at_a_set_size():
     image = Signature((TensorSpec("input", "float32", (-1, 3, 8, 8)),), ())
-    text = Signature((TensorSpec("input_ids", "int64", (-1, -1)),), ())
+    text = Signature((TensorSpec("input_ids", "int64", (-1, -1)), TensorSpec("attention_mask", "int64", (-1, -1))), ())
     assert sample_inputs(image, 4)["input"].shape == (4, 3, 8, 8)
-    assert sample_inputs(text, 4) is None
+    sample = sample_inputs(text, 4)
+    assert {name: (a.shape, a.dtype) for name, a in sample.items()} == {
+        "input_ids": ((4, FREE_DIMENSION), np.int64),
+        "attention_mask": ((4, FREE_DIMENSION), np.int64),
+    }
 
 
-def _matmul_model(fixed: bool) -> bytes:
-    """A real ONNX graph: input N x 64 (or N x any) times a 64 x 64 weight."""
-    weight = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], [0.01] * 64 * 64)
+def _matmul_model(fixed: bool, width: int = 64) -> bytes:
+    """A real ONNX graph: input N x width (or N x any) times a width x 64 weight."""
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [width, 64], [0.01] * width * 64)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["input", "w"], ["logits"])],
         "matmul",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 64 if fixed else "D"])],
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", width if fixed else "D"])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 64])],
         [weight],
     )
@@ -96,3 +101,22 @@ def test_lanes_over_one_are_refused_where_they_cannot_run(monkeypatch):
 
     with pytest.raises(RuntimeUnavailable, match="HANDOFF_LANES=2: several lanes run on a CPU with ONNX Runtime only"):
         arrange(ServeConfig(), signature, load)
+
+
+def test_a_model_that_fails_on_the_sample_is_served_as_it_is_not_timed(monkeypatch):
+    """Its input's free dimension must be 50 (a weight of 50 rows): zeros at FREE_DIMENSION fail in ONNX Runtime."""
+    for name in ("HANDOFF_LANES", "HANDOFF_CPU_THREADS"):
+        monkeypatch.delenv(name, False)
+    monkeypatch.setenv("HANDOFF_WORKERS", "1")
+    config = ServeConfig()
+    if config.model_threads() < 2:
+        pytest.skip("one core: nothing is timed")
+    signature = Signature((TensorSpec("input", "float32", (-1, -1)),), ())
+    chosen, runtime = arrange(
+        config,
+        signature,
+        lambda threads: OnnxRuntime(_matmul_model(False, 50), None, "cpu", "float32", threads=threads),
+    )
+    assert (chosen.count, chosen.threads) == (1, config.model_threads())
+    assert chosen.chosen_by.startswith("not measured: the model failed on a sample (")
+    assert runtime.run_named({"input": np.ones((2, 50), np.float32)})["logits"].shape == (2, 64)
