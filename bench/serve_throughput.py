@@ -26,6 +26,7 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
   binary infers as ours_oip_tensor;
 - peer_kserve (CPU only): bench/peer/kserve_peer.py, KServe's model server with a `kserve.Model` (no batching of
   its own), the same binary infers;
+- peer_ray (CPU only): bench/peer/ray_peer.py, Ray Serve with `@serve.batch`, the same binary infers;
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
   (HANDOFF_WORKERS; each worker's model then runs on one thread);
 - at_NAME (with --baseline DIR): the service of another checkout of handoff (`git worktree add DIR COMMIT`),
@@ -55,6 +56,7 @@ from bench.load import Upload, load_levels, uploads, wrk_available  # noqa: E402
 from bench.peer.floor import floor_server  # noqa: E402
 from bench.peer.kserve_peer import KServeServer  # noqa: E402
 from bench.peer.litserve_peer import litserve_server  # noqa: E402
+from bench.peer.ray_peer import RayServeServer  # noqa: E402
 from bench.peer.triton_peer import TritonServer  # noqa: E402
 from bench.results import median_of_rounds, print_goal, print_ratios  # noqa: E402
 from bench.serving import (  # noqa: E402
@@ -88,6 +90,7 @@ SERVICES = (
     "ours_per_core",
     "peer_triton",
     "peer_kserve",
+    "peer_ray",
 )
 OURS = ("ours", "ours_raw_body", "ours_oip_image", "ours_oip_tensor", "ours_with_spans", "ours_per_core")
 PEER_SIDES = tuple(name for name in SERVICES if name not in OURS)
@@ -100,10 +103,11 @@ FORM = {
     "ours_oip_tensor": "oip_tensor",
     "peer_triton": "oip_tensor",
     "peer_kserve": "oip_tensor",
+    "peer_ray": "oip_tensor",
 }
 # one worker per core is a CPU arrangement (on a GPU host it is one per GPU); LitServe is installed from PyPI
 # when first run, which the GPU machine (no internet) cannot do
-CPU_ONLY = ("ours_per_core", "peer_litserve", "peer_triton", "peer_kserve")
+CPU_ONLY = ("ours_per_core", "peer_litserve", "peer_triton", "peer_kserve", "peer_ray")
 # tracing "configured" (serve/tracing.py keeps the span middleware) with next to no trace ever sampled
 SPANS_KEPT = "tracing.exporter_type=in_memory tracing.sample_rate=0.000001"
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
@@ -125,6 +129,8 @@ def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT
         return TritonServer(log, folder)
     if name == "peer_kserve":
         return KServeServer(log, folder)
+    if name == "peer_ray":
+        return RayServeServer(log, folder)
     if is_ours(name):
         workers = usable_cores() if name == "ours_per_core" else 1
         spans = {"BENTOML_CONFIG_OPTIONS": SPANS_KEPT} if name == "ours_with_spans" else {}
