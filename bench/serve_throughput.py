@@ -94,6 +94,7 @@ SERVICES = (
 )
 OURS = ("ours", "ours_raw_body", "ours_oip_image", "ours_oip_tensor", "ours_with_spans", "ours_per_core")
 PEER_SIDES = tuple(name for name in SERVICES if name not in OURS)
+SERVERS_INSTEAD = ("peer_triton", "peer_kserve", "peer_ray")  # the servers a user would pick instead of handoff
 # What each side sends for an image (bench/load.py's forms); the others send the multipart form.
 FORM = {
     "peer_floor": "raw",
@@ -219,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("ours_oip_image", "ours_oip_tensor", "ours_with_spans"):
         if name in args.sides and "ours_raw_body" in args.sides:
             ratios |= over_peers(median, [name], ["ours_raw_body"], [64])
+    # against the servers a user would pick instead (issue 57): a lone request's latency and the CPU per request
+    for ours in our_sides:
+        for peer in (p for p in SERVERS_INSTEAD if p in args.sides):
+            ratios[f"{ours}_p50_c1_over_{peer}"] = median[ours]["1"]["p50_ms"] / median[peer]["1"]["p50_ms"]
+            ratios[f"{ours}_server_cpu_over_{peer}_c64"] = (
+                median[ours]["64"]["server_cpu_ms_per_image"] / median[peer]["64"]["server_cpu_ms_per_image"]
+            )
     for name in args.sides:
         at_64 = median[name]["64"]
         # the serving stack's CPU per image against the model's alone (the client aside)
