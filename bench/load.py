@@ -151,16 +151,25 @@ def _oip_tensor(tensor: np.ndarray, model: str) -> Upload:
     return _infer("input", "FP32", [1, *tensor.shape], np.ascontiguousarray(tensor, "<f4").tobytes(), model)
 
 
+def _oip_json(tensor: np.ndarray, model: str) -> Upload:
+    document = {
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, *tensor.shape], "data": tensor.ravel().tolist()}]
+    }
+    return Upload(f"/v2/models/{model}/infer", {"Content-Type": "application/json"}, json.dumps(document).encode())
+
+
 FORMS: dict[str, Callable[..., Upload]] = {
     "multipart": lambda jpeg, model: Upload("/classify", {"Content-Type": MULTIPART_TYPE}, multipart_body(jpeg)),
     "raw": lambda jpeg, model: Upload("/classify", {"Content-Type": "image/jpeg"}, jpeg),
     "oip_image": _oip_image,
     "oip_tensor": _oip_tensor,  # takes the preprocessed tensor of each image, not its JPEG
+    "oip_json": _oip_json,  # the same, as the protocol's JSON form
 }
 
 
 def uploads(images: list[Any], form: str = "multipart", model: str = "handoff") -> list[Upload]:
-    """One request per image in `form`: JPEG bytes for every form but oip_tensor, which takes C x H x W arrays."""
+    """One request per image in `form`: JPEG bytes for every form but oip_tensor and oip_json, which take C x H x W
+    arrays."""
     return [FORMS[form](image, model) for image in images]
 
 

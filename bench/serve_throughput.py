@@ -15,6 +15,7 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
   BYTES `image` (as tritonclient sends it);
 - ours_oip_tensor: the protocol's binary infer with each image already preprocessed, an FP32 `input` (the
   same images, the decoding done by the client);
+- ours_oip_json: the same tensors as the protocol's JSON form (`"data"` lists of numbers);
 - peer_floor: bench/peer/floor.py, a bare ASGI app (Starlette on uvicorn) with the same decoding, batcher and
   session and nothing else: the least a Python HTTP server costs here (raw JPEG bodies);
 - ours_with_spans: ours_raw_body with BentoML's per-request OpenTelemetry span kept, as BentoML ships it
@@ -27,6 +28,8 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
 - peer_kserve (CPU only): bench/peer/kserve_peer.py, KServe's model server with a `kserve.Model` (no batching of
   its own), the same binary infers;
 - peer_ray (CPU only): bench/peer/ray_peer.py, Ray Serve with `@serve.batch`, the same binary infers;
+- peer_mlserver (CPU only): bench/peer/mlserver_peer.py, MLServer with its adaptive batching, sent the protocol's
+  JSON form (all its REST endpoint takes), as ours_oip_json is;
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
   (HANDOFF_WORKERS; each worker's model then runs on one thread);
 - at_NAME (with --baseline DIR): the service of another checkout of handoff (`git worktree add DIR COMMIT`),
@@ -56,6 +59,7 @@ from bench.load import Upload, load_levels, uploads, wrk_available  # noqa: E402
 from bench.peer.floor import floor_server  # noqa: E402
 from bench.peer.kserve_peer import KServeServer  # noqa: E402
 from bench.peer.litserve_peer import litserve_server  # noqa: E402
+from bench.peer.mlserver_peer import MLServerServer  # noqa: E402
 from bench.peer.ray_peer import RayServeServer  # noqa: E402
 from bench.peer.triton_peer import TritonServer  # noqa: E402
 from bench.results import median_of_rounds, print_goal, print_ratios  # noqa: E402
@@ -91,10 +95,25 @@ SERVICES = (
     "peer_triton",
     "peer_kserve",
     "peer_ray",
+    "peer_mlserver",
+    "ours_oip_json",
 )
-OURS = ("ours", "ours_raw_body", "ours_oip_image", "ours_oip_tensor", "ours_with_spans", "ours_per_core")
+OURS = (
+    "ours",
+    "ours_raw_body",
+    "ours_oip_image",
+    "ours_oip_tensor",
+    "ours_oip_json",
+    "ours_with_spans",
+    "ours_per_core",
+)
 PEER_SIDES = tuple(name for name in SERVICES if name not in OURS)
-SERVERS_INSTEAD = ("peer_triton", "peer_kserve", "peer_ray")  # the servers a user would pick instead of handoff
+SERVERS_INSTEAD = (
+    "peer_triton",
+    "peer_kserve",
+    "peer_ray",
+    "peer_mlserver",
+)  # the servers a user would pick instead of handoff
 # What each side sends for an image (bench/load.py's forms); the others send the multipart form.
 FORM = {
     "peer_floor": "raw",
@@ -105,10 +124,12 @@ FORM = {
     "peer_triton": "oip_tensor",
     "peer_kserve": "oip_tensor",
     "peer_ray": "oip_tensor",
+    "peer_mlserver": "oip_json",
+    "ours_oip_json": "oip_json",
 }
 # one worker per core is a CPU arrangement (on a GPU host it is one per GPU); LitServe is installed from PyPI
 # when first run, which the GPU machine (no internet) cannot do
-CPU_ONLY = ("ours_per_core", "peer_litserve", "peer_triton", "peer_kserve", "peer_ray")
+CPU_ONLY = ("ours_per_core", "peer_litserve", "peer_triton", "peer_kserve", "peer_ray", "peer_mlserver")
 # tracing "configured" (serve/tracing.py keeps the span middleware) with next to no trace ever sampled
 SPANS_KEPT = "tracing.exporter_type=in_memory tracing.sample_rate=0.000001"
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
@@ -132,6 +153,8 @@ def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT
         return KServeServer(log, folder)
     if name == "peer_ray":
         return RayServeServer(log, folder)
+    if name == "peer_mlserver":
+        return MLServerServer(log, folder)
     if is_ours(name):
         workers = usable_cores() if name == "ours_per_core" else 1
         spans = {"BENTOML_CONFIG_OPTIONS": SPANS_KEPT} if name == "ours_with_spans" else {}
@@ -153,7 +176,7 @@ def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT
 def requests_for(name: str, folder: Path, jpegs: list[bytes], baseline_form: str = "raw") -> list[Upload]:
     """What side `name` sends for each JPEG: its form of the same images."""
     form = baseline_form if name.startswith(BASELINE) else FORM.get(name, "multipart")
-    if form != "oip_tensor":
+    if form not in ("oip_tensor", "oip_json"):
         return uploads(jpegs, form)
     preprocess = Preprocessor.from_manifest(read_manifest(folder)["preprocess"], max_pixels=10**9)
     return uploads([preprocess(preprocess.decode(jpeg)) for jpeg in jpegs], form)

@@ -29,7 +29,12 @@ def served_provider(side: str, url: str) -> str:
     """The ONNX Runtime provider a served side runs on: ours says it on /info, the peers on POST /provider."""
     if is_ours(side):
         return httpx.get(f"{url}/info", timeout=10).json()["provider"]
-    if side in ("peer_triton", "peer_kserve", "peer_ray"):  # their models build their sessions on the CPU provider
+    if side in (
+        "peer_triton",
+        "peer_kserve",
+        "peer_ray",
+        "peer_mlserver",
+    ):  # their models build their sessions on the CPU provider
         return "CPUExecutionProvider"
     return httpx.post(f"{url}/provider", json={}, timeout=10).json()["provider"]
 
