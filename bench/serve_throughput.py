@@ -139,7 +139,10 @@ PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:Batched
 
 
 def default_sides(device: str) -> list[str]:
-    return [name for name in SERVICES if device == "cpu" or name not in CPU_ONLY]
+    """Every side for the device but the servers instead (and the JSON side measured beside MLServer): those are
+    asked for by name, each installing its own virtualenv on first use."""
+    opt_in = (*SERVERS_INSTEAD, "ours_oip_json")
+    return [name for name in SERVICES if (device == "cpu" or name not in CPU_ONLY) and name not in opt_in]
 
 
 def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT) -> BentoServer:
@@ -199,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=8.0, help="load per concurrency level, side and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_available() else "httpx")
-    p.add_argument("--sides", nargs="+", choices=SERVICES, help="services to measure (default: all for the device)")
+    p.add_argument(
+        "--sides",
+        nargs="+",
+        choices=SERVICES,
+        help="services to measure (default: all for the device but the servers instead, peer_triton, peer_kserve, "
+        "peer_ray, peer_mlserver, and ours_oip_json, which are asked for by name)",
+    )
     p.add_argument("--export", type=Path, help="serve this export folder instead of a fresh resnet18 (default)")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     p.add_argument(
