@@ -65,6 +65,7 @@ from bench.peer.triton_peer import TritonServer  # noqa: E402
 from bench.results import median_of_rounds, print_goal, print_ratios  # noqa: E402
 from bench.serving import (  # noqa: E402
     BASELINE,
+    SERVERS_INSTEAD,
     is_ours,
     measure_rounds,
     over_limit,
@@ -108,12 +109,6 @@ OURS = (
     "ours_per_core",
 )
 PEER_SIDES = tuple(name for name in SERVICES if name not in OURS)
-SERVERS_INSTEAD = (
-    "peer_triton",
-    "peer_kserve",
-    "peer_ray",
-    "peer_mlserver",
-)  # the servers a user would pick instead of handoff
 # What each side sends for an image (bench/load.py's forms); the others send the multipart form.
 FORM = {
     "peer_floor": "raw",

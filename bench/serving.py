@@ -25,16 +25,16 @@ def is_ours(side: str) -> bool:
     return side.startswith(("ours", BASELINE))
 
 
+SERVERS_INSTEAD = ("peer_triton", "peer_kserve", "peer_ray", "peer_mlserver")
+"""the servers a user would pick instead of handoff (bench/peer/): their models build their sessions on the CPU"""
+
+
 def served_provider(side: str, url: str) -> str:
-    """The ONNX Runtime provider a served side runs on: ours says it on /info, the peers on POST /provider."""
+    """The ONNX Runtime provider a served side runs on: ours says it on /info, the servers instead build theirs on
+    the CPU, the other peers say it on POST /provider."""
     if is_ours(side):
         return httpx.get(f"{url}/info", timeout=10).json()["provider"]
-    if side in (
-        "peer_triton",
-        "peer_kserve",
-        "peer_ray",
-        "peer_mlserver",
-    ):  # their models build their sessions on the CPU provider
+    if side in SERVERS_INSTEAD:
         return "CPUExecutionProvider"
     return httpx.post(f"{url}/provider", json={}, timeout=10).json()["provider"]
 

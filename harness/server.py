@@ -68,9 +68,12 @@ class BentoServer:
                 raise TimeoutError(f"{self.url}{path} not 200 after {timeout}s; log: {self.log}")
             time.sleep(0.1)
 
+    ready_path = "/readyz"
+    """what answers 200 once the server is ready (BentoML's probe; a peer speaking the protocol: its own)"""
+
     def wait_ready(self, timeout: float = 180) -> float:
-        """Seconds from launch to /readyz 200."""
-        self._wait("/readyz", timeout)
+        """Seconds from launch to `ready_path` 200."""
+        self._wait(self.ready_path, timeout)
         return time.monotonic() - self.started
 
     def wait_live(self, timeout: float = 180) -> None:

@@ -7,23 +7,12 @@ InferenceService's batcher sidecar, which a single host does not run): each requ
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from bench.peer.venvs import peer_python  # noqa: E402
-from harness.server import BentoServer  # noqa: E402
-
-PACKAGES = ("kserve==0.21.0",)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.peer.venvs import PeerApp  # noqa: E402
 
 
-class KServeServer(BentoServer):
-    def __init__(self, log: Path, export: Path) -> None:
-        python = peer_python("kserve", PACKAGES)
-        app = ROOT / "bench" / "peer" / "kserve_app.py"
-        self._start(log, [str(python), str(app), str(export)], ROOT, {"PYTHONPATH": str(ROOT)})
-
-    def wait_ready(self, timeout: float = 180) -> float:
-        self._wait("/v2/health/ready", timeout)
-        return time.monotonic() - self.started
+class KServeServer(PeerApp):
+    venv, packages, app = "kserve", ("kserve==0.21.0",), "kserve_app.py"
+    ready_path = "/v2/health/ready"

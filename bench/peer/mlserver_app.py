@@ -3,7 +3,7 @@ runtime MLServer's docs have one write (`MLModel.load`, `predict` on a decoded b
 session settings. Run as a script it writes MLServer's settings (the port given) and the model's (adaptive batching
 on) into FOLDER, and hands over to `mlserver start FOLDER`.
 
-    python bench/peer/mlserver_app.py FOLDER EXPORT_DIR PORT
+    python bench/peer/mlserver_app.py EXPORT_DIR FOLDER PORT
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def free_port() -> int:
 
 
 if __name__ == "__main__":
-    folder, export, port = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    export, folder, port = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     settings = {"http_port": port, "grpc_port": free_port(), "metrics_port": free_port(), "parallel_workers": 1}
     (folder / "settings.json").write_text(json.dumps(settings))
     model = {

@@ -6,27 +6,25 @@ only, so this side and `ours_oip_json` are sent the same JSON infers of the same
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from bench.peer.venvs import peer_python  # noqa: E402
-from harness.server import BentoServer  # noqa: E402
-
-PACKAGES = ("mlserver==1.7.1", "uvloop<0.22")
+from bench.peer.venvs import PeerApp  # noqa: E402
 
 
-class MLServerServer(BentoServer):
+class MLServerServer(PeerApp):
+    venv, packages, app = "mlserver", ("mlserver==1.7.1", "uvloop<0.22"), "mlserver_app.py"
+    env = {"PYTHONPATH": f"{ROOT / 'bench' / 'peer'}:{ROOT}"}  # MLServer imports the model by module name
+    ready_path = "/v2/models/handoff/ready"
+
     def __init__(self, log: Path, export: Path) -> None:
-        python = peer_python("mlserver", PACKAGES)
-        folder = tempfile.mkdtemp(prefix="mlserver-")
-        app = ROOT / "bench" / "peer" / "mlserver_app.py"
-        env = {"PYTHONPATH": f"{ROOT / 'bench' / 'peer'}:{ROOT}"}
-        self._start(log, [str(python), str(app), folder, str(export)], ROOT, env)
+        self.settings = Path(tempfile.mkdtemp(prefix="mlserver-"))  # MLServer's settings, written by the app
+        super().__init__(log, export, str(self.settings))
 
-    def wait_ready(self, timeout: float = 300) -> float:
-        self._wait("/v2/models/handoff/ready", timeout)
-        return time.monotonic() - self.started
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self.settings, ignore_errors=True)

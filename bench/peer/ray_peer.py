@@ -7,24 +7,13 @@ protocol of its own: the deployment parses and answers the protocol's binary for
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from bench.peer.venvs import peer_python  # noqa: E402
-from harness.server import BentoServer  # noqa: E402
-
-PACKAGES = ("ray[serve]==2.60.0", "orjson")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.peer.venvs import PeerApp  # noqa: E402
 
 
-class RayServeServer(BentoServer):
-    def __init__(self, log: Path, export: Path) -> None:
-        python = peer_python("ray", PACKAGES)
-        app = ROOT / "bench" / "peer" / "ray_app.py"
-        env = {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
-        self._start(log, [str(python), str(app), str(export)], ROOT, env)
-
-    def wait_ready(self, timeout: float = 300) -> float:
-        self._wait("/v2/health/ready", timeout)
-        return time.monotonic() - self.started
+class RayServeServer(PeerApp):
+    venv, packages, app = "ray", ("ray[serve]==2.60.0", "orjson"), "ray_app.py"
+    env = {"RAY_USAGE_STATS_ENABLED": "0"}
+    ready_path = "/v2/health/ready"

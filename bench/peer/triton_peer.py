@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
@@ -69,15 +68,15 @@ def model_repository(folder: Path, export: Path) -> Path:
     (model / "1").mkdir(parents=True)
     shutil.copy(ROOT / "bench" / "peer" / "triton_model.py", model / "1" / "model.py")
 
-    def tensors(kind: str, specs: tuple) -> str:
+    def tensors(specs: tuple) -> str:
         return ",\n".join(
             f'  {{ name: "{t.name}", data_type: {TRITON_TYPES[t.dtype]}, dims: {list(t.shape[1:])} }}' for t in specs
         )
 
     (model / "config.pbtxt").write_text(
         f'name: "{MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
-        f"input [\n{tensors('input', signature.inputs)}\n]\n"
-        f"output [\n{tensors('output', signature.outputs)}\n]\n"
+        f"input [\n{tensors(signature.inputs)}\n]\n"
+        f"output [\n{tensors(signature.outputs)}\n]\n"
         "dynamic_batching { }\n"
         "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
         f'parameters: {{ key: "export", value: {{ string_value: "{export}" }} }}\n'
@@ -88,6 +87,8 @@ def model_repository(folder: Path, export: Path) -> Path:
 
 class TritonServer(BentoServer):
     """`tritonserver` on a repository made for the export, HTTP on a free port (gRPC and metrics on others)."""
+
+    ready_path = "/v2/health/ready"
 
     def __init__(self, log: Path, export: Path) -> None:
         server = install_triton()
@@ -110,10 +111,6 @@ class TritonServer(BentoServer):
             "--http-port",
         ]
         self._start(log, command, ROOT, env)
-
-    def wait_ready(self, timeout: float = 180) -> float:
-        self._wait("/v2/health/ready", timeout)
-        return time.monotonic() - self.started
 
     def stop(self) -> None:
         super().stop()

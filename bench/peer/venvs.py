@@ -9,8 +9,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from harness.server import BentoServer  # noqa: E402
+
 PEERS = ROOT / "bench" / ".peers"
 
 
@@ -34,3 +38,19 @@ def peer_python(name: str, packages: tuple[str, ...]) -> Path:
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", *wanted.split("\n")], check=True, timeout=1200)
         done.write_text(wanted)
     return python
+
+
+class PeerApp(BentoServer):
+    """A peer's app (bench/peer/APP) run by the interpreter of the peer's virtualenv, as
+    `python APP EXPORT_DIR [ARGS...] PORT`, with the project on its path (the apps take the service's session
+    settings from serve/runtime.py), ready when `ready_path` answers 200."""
+
+    venv: ClassVar[str]
+    packages: ClassVar[tuple[str, ...]]
+    app: ClassVar[str]
+    env: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, log: Path, export: Path, *args: str) -> None:
+        python = peer_python(self.venv, self.packages)
+        command = [str(python), str(ROOT / "bench" / "peer" / self.app), str(export), *args]
+        self._start(log, command, ROOT, {"PYTHONPATH": str(ROOT), **self.env})
