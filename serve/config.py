@@ -129,7 +129,7 @@ class ServeConfig:
             ("HANDOFF_MAX_TEXT_CHARS", self.max_text_chars, 1),
             ("HANDOFF_MAX_BATCH_TOKENS", self.max_batch_tokens, 1),
             ("HANDOFF_CPU_THREADS", self.model_threads(), 1),
-            ("HANDOFF_LANES", self.lanes or 1, 1),
+            ("HANDOFF_LANES", 1 if self.lanes is None else self.lanes, 1),
         ):
             if value < least:
                 raise ValueError(f"{name}={value}: must be at least {least}")

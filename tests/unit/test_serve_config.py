@@ -32,6 +32,15 @@ def test_a_thread_count_below_one_is_refused_by_name(monkeypatch):
         ServeConfig()
 
 
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_lanes_below_one_are_refused_by_name_and_auto_is_the_default(monkeypatch, value):
+    monkeypatch.setenv("HANDOFF_LANES", value)
+    with pytest.raises(ValueError, match=f"HANDOFF_LANES={value}: must be at least 1"):
+        ServeConfig()
+    monkeypatch.setenv("HANDOFF_LANES", "auto")
+    assert ServeConfig().lanes is None
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU sets are a Linux feature")
 def test_usable_cores_follow_the_cpu_set():
     """A container limited to some cores (docker --cpuset-cpus) must not start a thread for each of the host's."""
