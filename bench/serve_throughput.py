@@ -32,6 +32,7 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
   JSON form (all its REST endpoint takes), as ours_oip_json is;
 - ours_per_core (CPU only): the same service and uploads as `ours`, with one worker per core
   (HANDOFF_WORKERS; each worker's model then runs on one thread);
+- ours_oip_tensor_per_core (CPU only): ours_oip_tensor's binary infers to one worker per core, beside Triton;
 - at_NAME (with --baseline DIR): the service of another checkout of handoff (`git worktree add DIR COMMIT`),
   served and loaded as ours_raw_body (or, with --baseline-form multipart, as ours): the A/B of a change to the
   service, in the same rounds.
@@ -93,6 +94,7 @@ SERVICES = (
     "ours_oip_tensor",
     "ours_with_spans",
     "ours_per_core",
+    "ours_oip_tensor_per_core",
     "peer_triton",
     "peer_kserve",
     "peer_ray",
@@ -107,6 +109,7 @@ OURS = (
     "ours_oip_json",
     "ours_with_spans",
     "ours_per_core",
+    "ours_oip_tensor_per_core",
 )
 PEER_SIDES = tuple(name for name in SERVICES if name not in OURS)
 # What each side sends for an image (bench/load.py's forms); the others send the multipart form.
@@ -116,6 +119,7 @@ FORM = {
     "ours_with_spans": "raw",
     "ours_oip_image": "oip_image",
     "ours_oip_tensor": "oip_tensor",
+    "ours_oip_tensor_per_core": "oip_tensor",
     "peer_triton": "oip_tensor",
     "peer_kserve": "oip_tensor",
     "peer_ray": "oip_tensor",
@@ -124,7 +128,15 @@ FORM = {
 }
 # one worker per core is a CPU arrangement (on a GPU host it is one per GPU); LitServe is installed from PyPI
 # when first run, which the GPU machine (no internet) cannot do
-CPU_ONLY = ("ours_per_core", "peer_litserve", "peer_triton", "peer_kserve", "peer_ray", "peer_mlserver")
+CPU_ONLY = (
+    "ours_per_core",
+    "ours_oip_tensor_per_core",
+    "peer_litserve",
+    "peer_triton",
+    "peer_kserve",
+    "peer_ray",
+    "peer_mlserver",
+)
 # tracing "configured" (serve/tracing.py keeps the span middleware) with next to no trace ever sampled
 SPANS_KEPT = "tracing.exporter_type=in_memory tracing.sample_rate=0.000001"
 GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
@@ -134,9 +146,9 @@ PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:Batched
 
 
 def default_sides(device: str) -> list[str]:
-    """Every side for the device but the servers instead (and the JSON side measured beside MLServer): those are
+    """Every side for the device but the servers instead (and the JSON and per-core sides measured beside them): those are
     asked for by name, each installing its own virtualenv on first use."""
-    opt_in = (*SERVERS_INSTEAD, "ours_oip_json")
+    opt_in = (*SERVERS_INSTEAD, "ours_oip_json", "ours_oip_tensor_per_core")
     return [name for name in SERVICES if (device == "cpu" or name not in CPU_ONLY) and name not in opt_in]
 
 
@@ -154,7 +166,7 @@ def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT
     if name == "peer_mlserver":
         return MLServerServer(log, folder)
     if is_ours(name):
-        workers = usable_cores() if name == "ours_per_core" else 1
+        workers = usable_cores() if name.endswith("_per_core") else 1
         spans = {"BENTOML_CONFIG_OPTIONS": SPANS_KEPT} if name == "ours_with_spans" else {}
         return BentoServer(
             log,
