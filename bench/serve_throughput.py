@@ -146,8 +146,8 @@ PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:Batched
 
 
 def default_sides(device: str) -> list[str]:
-    """Every side for the device but the servers instead (and the JSON and per-core sides measured beside them): those are
-    asked for by name, each installing its own virtualenv on first use."""
+    """Every side for the device but the servers instead and the sides measured beside them (JSON, per core):
+    those are asked for by name, each server installing its own virtualenv on first use."""
     opt_in = (*SERVERS_INSTEAD, "ours_oip_json", "ours_oip_tensor_per_core")
     return [name for name in SERVICES if (device == "cpu" or name not in CPU_ONLY) and name not in opt_in]
 
