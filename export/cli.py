@@ -237,6 +237,19 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="exit 0 when parity compared nothing (no detection on any input, the same answer for every input); "
         "the folder is still marked 'not checked' and the service will not serve it (default: exit 4)",
     )
+    check.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        help="a language model: a JSON file of your own prompts for its parity, each a string (a completion) or a "
+        'list of {"role", "content"} messages (a chat), besides the built-in ones',
+    )
+    check.add_argument(
+        "--new-tokens",
+        type=int,
+        default=24,
+        help="a language model: the tokens generated per prompt in its parity (default: 24)",
+    )
     check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-4, fp16 5e-2)")
     check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: 1e-3, fp16 5e-2)")
     return p

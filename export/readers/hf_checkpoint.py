@@ -27,6 +27,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # Every file a tokenizer may be read from, checked to be the folder's own (check_own_files)
 TOKENIZER_READS = (
     *TOKENIZER_FILES,
+    "chat_template.jinja",
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
@@ -38,7 +39,6 @@ TOKENIZER_READS = (
 )
 TRAINER_CHECKPOINT = re.compile(r"checkpoint-([0-9]+)")  # ASCII digits: `checkpoint-٩٩` is no step
 NOT_SERVED_YET = {  # architectures people fine-tune that handoff recognises but does not serve yet
-    "ForCausalLM": "text generation",
     "ForConditionalGeneration": "text generation (sequence to sequence)",
     "ForMaskedLM": "masked language modelling",
     "ForQuestionAnswering": "extractive question answering",

@@ -19,6 +19,7 @@ from export.tasks import (
     tensors,
     text_classification,
     text_embedding,
+    text_generation,
     text_ranking,
     token_classification,
 )
@@ -29,6 +30,7 @@ TASKS: tuple[ExportTask, ...] = (
     text_classification.TASK,
     token_classification.TASK,
     text_embedding.TASK,
+    text_generation.TASK,
     hf_image_classification.TASK,
     object_detection.TASK,
     semantic_segmentation.TASK,
@@ -37,7 +39,8 @@ TASKS: tuple[ExportTask, ...] = (
 
 
 HF_ARCHITECTURES = (
-    "*ForSequenceClassification, *ForTokenClassification, *ForImageClassification and sentence encoders (*Model)"
+    "*ForSequenceClassification, *ForTokenClassification, *ForImageClassification, *ForCausalLM and sentence "
+    "encoders (*Model)"
 )
 
 
