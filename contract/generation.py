@@ -89,6 +89,7 @@ class PromptTokenizer:
     @cached_property
     def _template(self) -> Any:
         import jinja2
+        import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message: str) -> None:

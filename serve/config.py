@@ -109,6 +109,8 @@ class ServeConfig:
     length are truncated to it and the answer says so"""
     max_batch_tokens: int = _setting("HANDOFF_MAX_BATCH_TOKENS", 16_384, _env_int)
     """a text classifier's batch: at most this many tokens, each text padded to the longest in it"""
+    max_generations: int = _setting("HANDOFF_MAX_GENERATIONS", 8, _env_int)
+    """a language model's generations at once, each on its own thread; more are answered 429"""
     decode: str = _setting("HANDOFF_DECODE", "auto")
     """auto: a JPEG at least twice the resize target is decoded at a reduced scale (draft mode), where the
     export's check of that passed (manifest `decode`); exact: every image decoded bit-exactly"""
@@ -127,6 +129,7 @@ class ServeConfig:
             ("HANDOFF_MAX_HEADER_KB", self.max_header_kb, 8),
             ("HANDOFF_WRITE_TIMEOUT_S", self.write_timeout_s, 1),
             ("HANDOFF_MAX_TEXT_CHARS", self.max_text_chars, 1),
+            ("HANDOFF_MAX_GENERATIONS", self.max_generations, 1),
             ("HANDOFF_MAX_BATCH_TOKENS", self.max_batch_tokens, 1),
             ("HANDOFF_CPU_THREADS", self.model_threads(), 1),
             ("HANDOFF_LANES", 1 if self.lanes is None else self.lanes, 1),

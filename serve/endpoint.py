@@ -10,13 +10,13 @@ Who answers a row:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.routing import compile_path
 
-from serve.front_door import BodyRoute, Scope, query_params
+from serve.front_door import BodyRoute, Receive, Scope, query_params
 
 HANDOFF, BENTOML = "handoff", "bentoml"
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -32,6 +32,8 @@ class Incoming:
     params: dict[str, list[str]] = field(default_factory=dict)
     """a form's fields other than its file, or else the query string's"""
     path_params: dict[str, str] = field(default_factory=dict)
+    receive: Receive | None = None
+    """a body route's: after the body, it gives `http.disconnect` when the client leaves (a long answer watches it)"""
 
     @property
     def content_type(self) -> str:
@@ -58,6 +60,8 @@ class Answer:
     """None: `headers` carry the Content-Type"""
     status: int = 200
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    stream: AsyncIterator[bytes] | None = None
+    """a body sent as it comes (server-sent events), in place of `body`"""
 
 
 Handler = Callable[[Incoming], Awaitable[Answer]]

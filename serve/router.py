@@ -67,7 +67,7 @@ class Router:
             return  # the client left
         if not self.front_door.processing.free:
             raise ClientError("too many requests in progress; retry with backoff", 429, retry_after_s=1)
-        incoming = Incoming(scope, *read, path_params=path_params)
+        incoming = Incoming(scope, *read, path_params=path_params, receive=receive)
         with self.front_door.processing:
             await _guarded(scope, send, lambda tracked: _respond(endpoint, incoming, tracked))
 
@@ -82,6 +82,8 @@ async def _respond(endpoint: Endpoint, incoming: Incoming, send: Send) -> None:
 
 
 async def send_answer(send: Send, answer: Answer) -> None:
+    if answer.stream is not None:
+        return await _send_stream(send, answer)
     if answer.media_type == "application/json":
         return await send_json(send, answer.status, answer.body)
     body = answer.body if isinstance(answer.body, bytes) else b""
@@ -91,6 +93,21 @@ async def send_answer(send: Send, answer: Answer) -> None:
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _send_stream(send: Send, answer: Answer) -> None:
+    """A body of unknown length (chunked), each piece sent as it comes; the stream is closed however it ends."""
+    assert answer.stream is not None
+    headers = [*answer.headers, (b"cache-control", b"no-cache")]
+    if answer.media_type is not None:
+        headers.append((b"content-type", answer.media_type.encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    try:
+        async for piece in answer.stream:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+    finally:
+        await answer.stream.aclose()  # type: ignore[attr-defined]
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def send_client_error(scope: Scope, send: Send, error: ClientError) -> None:

@@ -168,6 +168,38 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             errors=(400, 404, 408, 413, 415, 429, 503),
         ),
         Endpoint(
+            "GET",
+            "/v1/models",
+            "a language model: the model served, as OpenAI's API lists models",
+            HANDOFF,
+            task_route("/v1/models"),
+            errors=(404, 503),
+        ),
+        Endpoint(
+            "POST",
+            "/v1/chat/completions",
+            "a language model's reply to a chat, as OpenAI's (and vLLM's) chat completions answer: "
+            '{"messages": [...], "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}; errors '
+            'in OpenAI\'s body {"error": {"message", "type", "param", "code"}}',
+            HANDOFF,
+            task_route("/v1/chat/completions"),
+            BodyRoute(frozenset({"application/json"})),
+            request={"application/json": {"schema": JSON_OBJECT}},
+            answer=("application/json", JSON_OBJECT),
+            errors=(400, 404, 408, 413, 415, 429, 503),
+        ),
+        Endpoint(
+            "POST",
+            "/v1/completions",
+            "a language model's completion of a prompt, as OpenAI's (and vLLM's) completions answer: "
+            '{"prompt": text or token ids, "max_tokens", ...as the chat\'s}',
+            HANDOFF,
+            task_route("/v1/completions"),
+            BodyRoute(frozenset({"application/json"})),
+            request={"application/json": {"schema": JSON_OBJECT}},
+            errors=(400, 404, 408, 413, 415, 429, 503),
+        ),
+        Endpoint(
             "POST",
             "/rerank",
             "a cross-encoder's texts ranked by their relevance to a query, as text-embeddings-inference answers: "

@@ -113,7 +113,7 @@ class ModelService:
         self.manifest = read_manifest(self.folder, CONFIG.model_sha256)
         task = task_for(self.manifest)
         # Served only from bytes checked against the manifest: a tampered, missing or unlisted file is refused.
-        self.lanes, self.runtime = arrange(
+        self.lanes, self.runtime = task.own_runtime(CONFIG, self.folder, self.manifest) or arrange(
             CONFIG,
             read_signature(self.manifest),
             lambda threads: load_runtime(

@@ -17,6 +17,7 @@ from serve.tasks.semantic_segmentation import SemanticSegmentation
 from serve.tasks.tensors import Tensors
 from serve.tasks.text_classification import TextClassification
 from serve.tasks.text_embedding import TextEmbedding
+from serve.tasks.text_generation import TextGeneration
 from serve.tasks.text_ranking import TextRanking
 from serve.tasks.token_classification import TokenClassification
 
@@ -27,6 +28,7 @@ TASKS: dict[str, type[ServedTask]] = {
         TextClassification,
         TextRanking,
         TextEmbedding,
+        TextGeneration,
         TokenClassification,
         ObjectDetection,
         SemanticSegmentation,

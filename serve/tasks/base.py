@@ -34,6 +34,7 @@ from serve.decode_pool import DecodePool
 from serve.endpoint import Answer, Incoming, RouteSchema
 from serve.form import small_integer
 from serve.json_body import parse_json
+from serve.lanes import Lanes
 from serve.oip import ServedTensor, select_outputs
 from serve.oip_codec import OIP_DATATYPE, InferRequest, OutputTensor
 from serve.runtime import Runtime
@@ -71,6 +72,12 @@ class ServedTask:
         self.manifest = serving.manifest
         self.config = serving.config
         self.signature: Signature = read_signature(serving.manifest)
+
+    @classmethod
+    def own_runtime(cls, config: ServeConfig, folder: Path, manifest: dict[str, Any]) -> tuple[Lanes, Runtime] | None:
+        """A task whose model is not the signature's one call (a language model's generator) loads it here, from
+        the manifest's verified bytes; None (the default): the service loads the signature's model, with lanes."""
+        return None
 
     def run(self, rows: Rows) -> dict[str, np.ndarray]:
         """The model on a batch, in the model thread."""

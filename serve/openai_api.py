@@ -1,0 +1,205 @@
+"""OpenAI's completions and chat completions, as vLLM's OpenAI-compatible server takes and answers them: the request
+bodies checked (`ChatRequest`, `CompletionRequest`), the answers and the server-sent events' chunks built, and the
+error body (`{"error": {"message", "type", "param", "code"}}`).
+
+Taken: `model` (this model's name, or left out), `max_tokens` (`max_completion_tokens` too), `temperature`,
+`top_p`, `top_k`, `seed`, `stop` (a string or up to 4), `stream`, `stream_options.include_usage`, `n` = 1. A
+parameter that would change the answer and is not implemented (`logprobs`, `n` > 1, tools, `response_format`, ...)
+is a 400 that names it, never ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from contract.errors import ClientError
+from contract.generation import Message
+
+ROLES = ("system", "user", "assistant", "developer")
+MAX_STOPS = 4
+# Fields a client may send that change nothing here (OpenAI's bookkeeping, penalties at their neutral value)
+IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "model"}
+NEUTRAL = {
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "repetition_penalty": 1,
+    "n": 1,
+    "logprobs": False,
+    "echo": False,
+}
+SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
+
+
+def error_body(error: ClientError) -> dict[str, Any]:
+    """OpenAI's (and vLLM's) error body for `error`."""
+    kind = ERROR_TYPES.get(error.status, "ServiceUnavailableError" if error.status >= 500 else "BadRequestError")
+    return {"error": {"message": str(error), "type": kind, "param": None, "code": error.status}}
+
+
+@dataclass(frozen=True)
+class Common:
+    """What both endpoints take besides the prompt."""
+
+    max_tokens: int | None
+    options: dict[str, Any]
+    """Sampling's other fields (serve/generation.py)"""
+    stream: bool
+    include_usage: bool
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ClientError(f"{name}={str(value)[:20]}: must be a number between {low:g} and {high:g}")
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ClientError(f"{name}={str(value)[:20]}: must be a whole number between {low} and {high}")
+    return value
+
+
+def parse_common(body: Any, model_name: str, prompt_field: str) -> Common:
+    if not isinstance(body, dict):
+        raise ClientError("the body must be a JSON object")
+    allowed = {prompt_field, *SAMPLING, *IGNORED, *NEUTRAL}
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ClientError(f"{', '.join(unknown)}: not supported by this server (it takes {', '.join(sorted(allowed))})")
+    for name, neutral in NEUTRAL.items():
+        if name in body and body[name] not in (None, neutral):
+            raise ClientError(f"{name}={str(body[name])[:20]}: not supported by this server (only {neutral})")
+    if body.get("model") not in (None, model_name):
+        raise ClientError(
+            f"The model `{str(body['model'])[:100]}` does not exist; this server serves `{model_name}`", 404
+        )
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) for s in stops):
+        raise ClientError(f"stop: a string or a list of up to {MAX_STOPS} strings")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ClientError("stream: true or false")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise ClientError("stream_options: an object")
+    max_tokens = _integer(body, "max_tokens", 1, 1 << 20)
+    max_completion = _integer(body, "max_completion_tokens", 1, 1 << 20)
+    options = {
+        "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
+        "top_p": _number(body, "top_p", 1.0, 1e-6, 1.0),
+        "top_k": max(0, _integer(body, "top_k", -1, 1 << 20) or 0),  # -1 and 0: every token (vLLM's -1)
+        "seed": _integer(body, "seed", -(1 << 63), (1 << 63) - 1),
+        "stop": tuple(stops),
+    }
+    return Common(
+        max_completion if max_completion is not None else max_tokens,
+        options,
+        stream,
+        bool(stream_options.get("include_usage", False)),
+    )
+
+
+def parse_messages(body: dict[str, Any]) -> list[Message]:
+    """The chat's messages: a role and a text each (content parts of type `text` are joined, as vLLM does)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ClientError('messages: a non-empty list of {"role": ..., "content": ...}')
+    found = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise ClientError(f"messages[{i}]: needs a role, one of {', '.join(ROLES)}")
+        found.append({"role": message["role"], "content": _text_content(message.get("content"), i)})
+    return found
+
+
+def _text_content(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        if all(isinstance(p.get("text"), str) for p in content):
+            return "\n".join(p["text"] for p in content)
+    raise ClientError(f"messages[{i}].content: a text, or a list of text parts (this model takes text only)")
+
+
+def parse_prompt(body: dict[str, Any]) -> str | list[int]:
+    """/v1/completions' prompt: one text, or one prompt's token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    raise ClientError("prompt: a text, or one prompt's token ids (one prompt per request)")
+
+
+class Reply:
+    """The answer to one request, whole or as chunks of server-sent events, in the endpoint's shape."""
+
+    def __init__(self, chat: bool, model_name: str, prompt_tokens: int) -> None:
+        self.chat, self.model, self.prompt_tokens = chat, model_name, prompt_tokens
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        total = self.prompt_tokens + completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
+
+    def whole(self, text: str, finish_reason: str, completion_tokens: int) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.usage(completion_tokens),
+        }
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> bytes:
+        """One event: new text (the chat's first carries the role), the last with its finish reason."""
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        return self._event({"choices": [choice]})
+
+    def usage_chunk(self, completion_tokens: int) -> bytes:
+        return self._event({"choices": [], "usage": self.usage(completion_tokens)})
+
+    def _event(self, fields: dict[str, Any]) -> bytes:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        head = {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        return b"data: " + orjson.dumps(head | fields) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def error_event(error: ClientError) -> bytes:
+    """An error after the stream began (the status is already sent): an event with the error body, then [DONE]."""
+    return b"data: " + orjson.dumps(error_body(error)) + b"\n\n" + DONE
+
+
+def models_list(model_name: str, context_length: int, created: int) -> dict[str, Any]:
+    """GET /v1/models: the one model served."""
+    entry = {"id": model_name, "object": "model", "created": created, "owned_by": "handoff", "root": model_name}
+    return {"object": "list", "data": [entry | {"max_model_len": context_length}]}

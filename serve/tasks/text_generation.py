@@ -1,0 +1,181 @@
+"""Text generation: a causal language model's export (export/tasks/text_generation.py), served as vLLM's
+OpenAI-compatible server serves it:
+
+    GET  /v1/models                 the model, with its context length
+    POST /v1/chat/completions       {"messages": [...], "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                                    "stream", "stream_options": {"include_usage": true}} -> a chat.completion
+    POST /v1/completions            {"prompt": text or token ids, ...the same} -> a text_completion
+
+The chat is rendered by the model's chat template and tokenized by the service itself (contract/generation.py: the
+ids the export proved equal to transformers'); generation runs on ONNX Runtime GenAI off the event loop
+(serve/generation.py). `stream` answers server-sent events ending `data: [DONE]`, the finish reason on the last text
+chunk. A client that disconnects stops its generation. Errors are OpenAI's body (serve/openai_api.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from contract.errors import ClientError
+from contract.generation import GenerationSettings, PromptTokenizer, TemplateError
+from contract.manifest import read_artifact
+from contract.signature import TASK_TEXT_GENERATION
+from serve.config import ServeConfig
+from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.front_door import Receive
+from serve.generation import GenAiRuntime, Generations, Piece
+from serve.json_body import parse_json
+from serve.lanes import Lanes
+from serve.oip import ServedTensor
+from serve.oip_codec import InferRequest, OutputTensor
+from serve.openai_api import (
+    DONE,
+    Reply,
+    error_body,
+    error_event,
+    models_list,
+    parse_common,
+    parse_messages,
+    parse_prompt,
+)
+from serve.runtime import Runtime
+from serve.tasks.base import ServedTask, Serving
+
+CHAT, COMPLETIONS, MODELS = "/v1/chat/completions", "/v1/completions", "/v1/models"
+TOKENIZER = "hf/tokenizer.json"
+
+
+class TextGeneration(ServedTask):
+    name = TASK_TEXT_GENERATION
+    routes: ClassVar[tuple[str, ...]] = (CHAT, COMPLETIONS, MODELS)
+
+    @classmethod
+    def own_runtime(cls, config: ServeConfig, folder: Path, manifest: dict[str, Any]) -> tuple[Lanes, Runtime]:
+        why = f"a language model: up to {config.max_generations} generations at once (HANDOFF_MAX_GENERATIONS)"
+        return Lanes(1, config.cores_per_worker(), 1, why), GenAiRuntime(folder, manifest, config.device)
+
+    def __init__(self, serving: Serving) -> None:
+        super().__init__(serving)
+        self.settings = GenerationSettings.from_manifest(self.manifest["generation"])
+        tokenizer_json = read_artifact(serving.folder, self.manifest, TOKENIZER)
+        self.tokenizer = PromptTokenizer(tokenizer_json, self.settings)
+        runtime = serving.runtime
+        assert isinstance(runtime, GenAiRuntime)
+        self.generations = Generations(runtime, self.tokenizer, self.settings, self.config.max_generations)
+        self.created = int(time.time())
+
+    async def answer(self, route: str, request: Incoming) -> Answer:
+        try:
+            if route == MODELS:
+                return Answer(models_list(self.config.model_name, self.settings.context_length, self.created))
+            return await self._complete(route == CHAT, request)
+        except ClientError as err:
+            headers = () if err.retry_after_s is None else ((b"retry-after", str(err.retry_after_s).encode()),)
+            return Answer(error_body(err), status=err.status, headers=headers)
+
+    async def _complete(self, chat: bool, request: Incoming) -> Answer:
+        body = parse_json(request.body)
+        common = parse_common(body, self.config.model_name, "messages" if chat else "prompt")
+        self.generations.reserve()
+        handed_over = False  # a stream releases its slot when it ends
+        cancelled = threading.Event()
+        watcher = asyncio.create_task(_watch_disconnect(request.receive, cancelled))
+        try:
+            prompt = await self.serving.decoders.run(self._prompt_ids, chat, body)
+            sampling = self.generations.sampling_for(len(prompt), common.max_tokens, **common.options)
+            reply = Reply(chat, self.config.model_name, len(prompt))
+            pieces = self.generations.stream(prompt, sampling, cancelled)
+            if common.stream:
+                handed_over = True
+                events = self._events(reply, pieces, common.include_usage, watcher)
+                return Answer(b"", "text/event-stream", stream=events)
+            text, last = [], Piece("")
+            async for piece in pieces:
+                text.append(piece.text)
+                last = piece
+            assert last.finish_reason is not None
+            return Answer(reply.whole("".join(text), last.finish_reason, last.completion_tokens))
+        finally:
+            if not handed_over:
+                watcher.cancel()
+                self.generations.release()
+
+    async def _events(
+        self, reply: Reply, pieces: AsyncIterator[Piece], include_usage: bool, watcher: asyncio.Task[None]
+    ) -> AsyncIterator[bytes]:
+        try:
+            if reply.chat:
+                yield reply.chunk("", first=True)
+            async for piece in pieces:
+                yield reply.chunk(piece.text, piece.finish_reason)
+                if piece.finish_reason is not None and include_usage:
+                    yield reply.usage_chunk(piece.completion_tokens)
+            yield DONE
+        except ClientError as err:
+            yield error_event(err)
+        finally:
+            watcher.cancel()
+            await pieces.aclose()  # type: ignore[attr-defined]
+            self.generations.release()
+
+    def _prompt_ids(self, chat: bool, body: dict[str, Any]) -> list[int]:
+        """The prompt's token ids, as transformers makes them (in a decoding thread: a template may be slow)."""
+        try:
+            if chat:
+                return self.tokenizer.encode_chat(parse_messages(body))
+            prompt = parse_prompt(body)
+        except TemplateError as err:
+            raise ClientError(str(err)) from None
+        if isinstance(prompt, str):
+            return self.tokenizer.encode_prompt(prompt)
+        vocab = self.generations.vocab_size
+        if any(not 0 <= token < vocab for token in prompt):
+            raise ClientError(f"prompt: token ids must be between 0 and {vocab - 1}")
+        return prompt
+
+    def refuse(self, route: str) -> ClientError:
+        return ClientError(f"{route} is not for a language model: send POST {CHAT} or {COMPLETIONS}", 404)
+
+    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
+        return [ServedTensor("text_input", "BYTES", (-1,))], [ServedTensor("text_output", "BYTES", (-1,))]
+
+    async def infer(self, request: InferRequest) -> list[OutputTensor]:
+        raise ClientError(f"a language model is not served through the protocol's infer: POST {COMPLETIONS} or {CHAT}")
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "generation": {
+                "context_length": self.settings.context_length,
+                "eos_token_ids": list(self.settings.eos_token_ids),
+                "chat_template": self.settings.chat_template is not None,
+                "max_generations": self.generations.limit,
+                "running": self.generations.running,
+            }
+        }
+
+    def schemas(self) -> dict[str, RouteSchema]:
+        messages = {"type": "array", "items": {"type": "object", "required": ["role", "content"]}}
+        common = {name: {"type": "number"} for name in ("max_tokens", "temperature", "top_p", "top_k", "seed")}
+        common |= {"stop": {}, "stream": {"type": "boolean"}, "model": {"type": "string"}}
+        chat = {"type": "object", "properties": {"messages": messages, **common}, "required": ["messages"]}
+        completion = {"type": "object", "properties": {"prompt": {}, **common}, "required": ["prompt"]}
+        return {
+            CHAT: RouteSchema({"application/json": {"schema": chat}}),
+            COMPLETIONS: RouteSchema({"application/json": {"schema": completion}}),
+        }
+
+
+async def _watch_disconnect(receive: Receive | None, cancelled: threading.Event) -> None:
+    """Sets `cancelled` when the client leaves (the body is read: the next message is the disconnect)."""
+    if receive is None:
+        return
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancelled.set()
+            return
