@@ -140,21 +140,22 @@ class PromptTokenizer:
 
 
 class TextStream:
-    """Token ids in, text out as it becomes whole: a byte-level token may end inside a character, whose bytes
-    decode as U+FFFD until the rest arrive, so the text is given only up to what is settled."""
+    """Token ids in, text out as it becomes whole (text-generation-inference's incremental decoding): each step
+    decodes a window that starts a token or more before the new ones, so a decoder that drops a leading space at
+    the start of what it decodes (SentencePiece's) drops it inside the window, and a byte-level token that ends
+    inside a character (decoded as U+FFFD until the rest arrive) waits for them."""
 
     def __init__(self, tokenizer: PromptTokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.sent = 0  # characters already given
+        self.prefix = 0  # where the window starts
+        self.read = 0  # ids up to here have been given as text
 
     def add(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        now = self.tokenizer.decode(self.ids[self.prefix :])
+        if len(now) <= len(before) or now.endswith("\ufffd"):
             return ""
-        new, self.sent = text[self.sent :], len(text)
-        return new
-
-    def text(self) -> str:
-        return self.tokenizer.decode(self.ids)
+        self.prefix, self.read = self.read, len(self.ids)
+        return now[len(before) :]

@@ -101,11 +101,14 @@ class Sampling:
     """0: every token"""
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+    """no eos before this many tokens (vLLM's `min_tokens`)"""
 
 
 @dataclass(frozen=True)
 class Piece:
-    """What a generation gives: new text, and at the end why it stopped ("stop" or "length") and how many tokens."""
+    """What a generation gives: new text, and at the end why it stopped ("stop", "length", or "abort" where the client
+    left) and how many tokens."""
 
     text: str
     finish_reason: str | None = None
@@ -187,7 +190,10 @@ class Generations:
         import onnxruntime_genai as og
 
         params = og.GeneratorParams(self.runtime.model)
-        search: dict[str, Any] = {"max_length": len(prompt) + sampling.max_tokens}
+        search: dict[str, Any] = {
+            "max_length": len(prompt) + sampling.max_tokens,
+            "min_length": len(prompt) + min(sampling.min_tokens, sampling.max_tokens),
+        }
         if sampling.temperature == 0:
             search["do_sample"] = False
         else:
@@ -205,7 +211,11 @@ class Generations:
         text = TextStream(self.tokenizer)
         stops = StopStrings(sampling.stop)
         tokens = 0
-        while not cancelled.is_set():
+        while True:
+            if cancelled.is_set():
+                log.info("generation stopped: the client left after %d tokens", tokens)
+                put(Piece("", "abort", tokens))  # vLLM's reason; whoever still waits ends
+                return
             if generator.is_done():
                 put(Piece(stops.flush(), "length", tokens))
                 return

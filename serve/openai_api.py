@@ -2,7 +2,8 @@
 bodies checked (`ChatRequest`, `CompletionRequest`), the answers and the server-sent events' chunks built, and the
 error body (`{"error": {"message", "type", "param", "code"}}`).
 
-Taken: `model` (this model's name, or left out), `max_tokens` (`max_completion_tokens` too), `temperature`,
+Taken: `model` (this model's name, or left out), `max_tokens` (`max_completion_tokens` too), vLLM's `min_tokens`,
+`temperature`,
 `top_p`, `top_k`, `seed`, `stop` (a string or up to 4), `stream`, `stream_options.include_usage`, `n` = 1. A
 parameter that would change the answer and is not implemented (`logprobs`, `n` > 1, tools, `response_format`, ...)
 is a 400 that names it, never ignored.
@@ -32,7 +33,7 @@ NEUTRAL = {
     "logprobs": False,
     "echo": False,
 }
-SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}
+SAMPLING = {"max_tokens", "max_completion_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
 
 
@@ -102,6 +103,7 @@ def parse_common(body: Any, model_name: str, prompt_field: str) -> Common:
         "top_p": _number(body, "top_p", 1.0, 1e-6, 1.0),
         "top_k": max(0, _integer(body, "top_k", -1, 1 << 20) or 0),  # -1 and 0: every token (vLLM's -1)
         "seed": _integer(body, "seed", -(1 << 63), (1 << 63) - 1),
+        "min_tokens": _integer(body, "min_tokens", 0, 1 << 20) or 0,  # vLLM's: eos is not chosen before
         "stop": tuple(stops),
     }
     return Common(

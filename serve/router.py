@@ -85,7 +85,7 @@ async def send_answer(send: Send, answer: Answer) -> None:
     if answer.stream is not None:
         return await _send_stream(send, answer)
     if answer.media_type == "application/json":
-        return await send_json(send, answer.status, answer.body)
+        return await send_json(send, answer.status, answer.body, headers=answer.headers)
     body = answer.body if isinstance(answer.body, bytes) else b""
     headers = list(answer.headers)
     if answer.media_type is not None:

@@ -328,6 +328,19 @@ def token_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def language_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A tiny Llama chat model fine-tuned by Hugging Face's Trainer under torchrun (tests/fixtures/
+    hf_causal_trainer.py), its checkpoint-40 exported with no flags (checkpoint-40.export) and rank 0's DDP
+    state_dict with --hf-config (ddp_state.export)."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    exports = [
+        ["{run}/checkpoint-40"],
+        ["{run}/ddp_state.pt", "--hf-config", "{run}/base", "--out", "{run}/ddp_state.export"],
+    ]
+    return _trained_and_exported(shared, "language_run", "hf_causal_trainer.py", exports)
+
+
+@pytest.fixture(scope="session")
 def eager(exported: Path):
     """The eager model behind the export, with its torchvision evaluation transform."""
     return eager_from_export(exported)

@@ -1,0 +1,202 @@
+"""A fine-tuned language model end to end: a tiny Llama chat model trained by Trainer under torchrun (2 gloo
+processes), its checkpoint-N exported with no flags (and rank 0's DDP state_dict with --hf-config), served by
+`bentoml serve` as OpenAI's API, its greedy answers equal to transformers' `generate` on prompts the export never
+saw; streaming, stop strings, seeds, the context's limit, the cap on generations and a client that leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import transformers
+from conftest import Server
+from safetensors.torch import load_file
+
+from contract.manifest import read_manifest_unchecked
+
+pytestmark = pytest.mark.xdist_group("generation")
+
+CHATS = [
+    [{"role": "user", "content": "What comes after six?"}],
+    [{"role": "system", "content": "You count."}, {"role": "user", "content": "What comes after two?"}],
+    [
+        {"role": "user", "content": "What comes after one?"},
+        {"role": "assistant", "content": "After one comes two."},
+        {"role": "user", "content": "What comes after seven?"},
+    ],
+]
+PROMPTS = ["After five comes", "user\nWhat comes after eight?"]
+
+
+@pytest.fixture(scope="module")
+def reference(language_run: Path):
+    checkpoint = language_run / "checkpoint-40"
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    return model, tokenizer
+
+
+def greedy(reference, ids: list[int], max_new_tokens: int) -> tuple[str, int, str]:
+    """transformers' greedy text, its token count and finish reason, as vLLM reports them."""
+    model, tokenizer = reference
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)
+    new = out[0, len(ids) :].tolist()
+    eos = set(model.generation_config.eos_token_id)
+    stopped = bool(new) and new[-1] in eos
+    return tokenizer.decode(new, skip_special_tokens=True), len(new), "stop" if stopped else "length"
+
+
+@pytest.fixture(scope="module")
+def server(language_run: Path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("generation") / "serve.log"
+    with Server(log, HANDOFF_MODEL_DIR=str(language_run / "checkpoint-40.export"), HANDOFF_MAX_GENERATIONS="1") as srv:
+        srv.wait_ready()
+        yield srv
+
+
+def test_the_trainer_checkpoint_exports_with_no_flags(language_run: Path, reference):
+    manifest = read_manifest_unchecked(language_run / "checkpoint-40.export")
+    assert manifest["task"] == "text-generation" and manifest["status"] == "passed", manifest["parity"]["summary"]
+    generation = manifest["generation"]
+    _, tokenizer = reference
+    assert generation["eos_token_ids"] == [tokenizer.convert_tokens_to_ids("<|im_end|>"), 1]
+    assert generation["bos_token_id"] == tokenizer.bos_token_id and generation["adds_bos"] is True
+    assert generation["turn_end_token_id"] in generation["eos_token_ids"]
+    assert generation["context_length"] == 4096
+    compared = manifest["parity"]["generation"]
+    assert compared["tokens_compared"] > 100 and compared["max_logit_diff"] < 1e-4
+    assert all(check["pass"] for check in manifest["parity"]["generation_checks"])
+    assert manifest["provenance"]["summary"].startswith("provenance: 21 of 21 model tensors equal the checkpoint's")
+
+
+def test_the_consolidated_folder_is_the_checkpoint(language_run: Path):
+    """hf/ holds the checkpoint's tensors as they are, and loads in transformers as the user's model."""
+    export = language_run / "checkpoint-40.export"
+    saved = load_file(export / "hf" / "model.safetensors")
+    trained = load_file(language_run / "checkpoint-40" / "model.safetensors")
+    assert saved.keys() == trained.keys()
+    assert all(torch.equal(saved[k], trained[k]) for k in trained)
+    assert transformers.AutoTokenizer.from_pretrained(export / "hf").chat_template is not None
+    from_ddp = load_file(language_run / "ddp_state.export" / "hf" / "model.safetensors")
+    assert all(torch.equal(from_ddp[k], trained[k]) for k in trained)  # rank 0's state_dict after the last step
+
+
+def test_chat_completions_equal_transformers_greedy(server, reference):
+    _, tokenizer = reference
+    for chat in CHATS:
+        ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+        text, count, reason = greedy(reference, ids, 40)
+        r = httpx.post(server.url + "/v1/chat/completions", json={"messages": chat, "temperature": 0, "max_tokens": 40})
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["object"] == "chat.completion"
+        assert answer["choices"][0]["message"] == {"role": "assistant", "content": text}
+        assert answer["choices"][0]["finish_reason"] == reason
+        assert answer["usage"] == {
+            "prompt_tokens": len(ids),
+            "completion_tokens": count,
+            "total_tokens": len(ids) + count,
+        }
+
+
+def test_completions_and_their_stream_equal_transformers_greedy(server, reference):
+    _, tokenizer = reference
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        text, count, reason = greedy(reference, ids, 30)
+        body = {"prompt": prompt, "temperature": 0, "max_tokens": 30}
+        whole = httpx.post(server.url + "/v1/completions", json=body).json()
+        assert whole["choices"][0]["text"] == text and whole["choices"][0]["finish_reason"] == reason
+        events = stream(server.url + "/v1/completions", body | {"stream_options": {"include_usage": True}})
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == text
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == reason
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == count
+
+
+def test_a_chat_stream_carries_the_role_first_and_the_reason_last(server, reference):
+    events = stream(server.url + "/v1/chat/completions", {"messages": CHATS[0], "temperature": 0, "max_tokens": 40})
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert reasons[-1] in ("stop", "length") and set(reasons[:-1]) == {None}
+
+
+def stream(url: str, body: dict) -> list[str]:
+    with httpx.stream("POST", url, json=body | {"stream": True}, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_stop_strings_end_the_text_before_them_and_seeds_repeat(server, reference):
+    _, tokenizer = reference
+    ids = tokenizer.apply_chat_template(CHATS[0], add_generation_prompt=True, tokenize=True, return_dict=False)
+    text, _, _ = greedy(reference, ids, 40)
+    stop = text.split()[1]  # a word in the middle of the greedy answer
+    body = {"messages": CHATS[0], "temperature": 0, "max_tokens": 40, "stop": [stop]}
+    answer = httpx.post(server.url + "/v1/chat/completions", json=body).json()["choices"][0]
+    assert answer["message"]["content"] == text[: text.index(stop)] and answer["finish_reason"] == "stop"
+    sampled = {"prompt": "After", "temperature": 1.5, "max_tokens": 30, "min_tokens": 30, "seed": 7}
+    first, again = (httpx.post(server.url + "/v1/completions", json=sampled).json() for _ in range(2))
+    assert first["choices"][0]["text"] == again["choices"][0]["text"]
+    other = httpx.post(server.url + "/v1/completions", json=sampled | {"seed": 8}).json()
+    assert other["choices"][0]["text"] != first["choices"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"prompt": "After " * 5000, "max_tokens": 5}, 400, "maximum context length is 4096 tokens"),
+        ({"prompt": "After", "max_tokens": 5000}, 400, "you requested 5002 tokens (2 in the prompt"),
+        ({"prompt": "After", "n": 2}, 400, "n=2"),
+        ({"prompt": "After", "logit_bias": {"1": 5}}, 400, "logit_bias: not supported"),
+        ({"prompt": "After", "model": "gpt-4"}, 404, "The model `gpt-4` does not exist"),
+        ({"prompt": [1, 99999]}, 400, "token ids must be between 0 and"),
+        ({"messages": []}, 400, "prompt"),
+    ],
+)
+def test_wrong_requests_get_openai_error_bodies(server, body, status, says):
+    r = httpx.post(server.url + "/v1/completions", json=body)
+    assert r.status_code == status and says in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["code"] == status
+
+
+def test_a_chat_the_template_refuses_is_a_400(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "robot", "content": "hi"}]})
+    assert r.status_code == 400 and "messages[0]" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/v1/models").json()["data"][0]["max_model_len"] == 4096
+
+
+def test_one_generation_at_a_time_refuses_the_next_and_a_client_that_leaves_stops_its_own(server):
+    """HANDOFF_MAX_GENERATIONS=1: while a long generation streams, another request is a 429 with Retry-After;
+    the first client leaving stops its generation (the log says after how many of its 4000 tokens)."""
+
+    async def scenario() -> None:
+        long = {"prompt": "After", "max_tokens": 4000, "min_tokens": 4000, "stream": True}
+        async with httpx.AsyncClient(timeout=30) as client:
+            async with client.stream("POST", server.url + "/v1/completions", json=long) as first:
+                lines = first.aiter_lines()
+                while not (await anext(lines)).startswith("data: "):
+                    pass
+                second = await client.post(server.url + "/v1/completions", json={"prompt": "After", "max_tokens": 2})
+                assert second.status_code == 429 and second.headers["retry-after"] == "1"
+                assert "HANDOFF_MAX_GENERATIONS" in second.json()["error"]["message"]
+        # the first connection is closed here, mid-generation
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if "generation stopped: the client left after" in server.log.read_text():
+                break
+        said = [line for line in server.log.read_text().splitlines() if "the client left after" in line]
+        assert said and int(said[-1].split("after ")[1].split()[0]) < 4000
+        async with httpx.AsyncClient(timeout=30) as client:  # the slot is free again
+            again = await client.post(server.url + "/v1/completions", json={"prompt": "After", "max_tokens": 2})
+            assert again.status_code == 200
+
+    asyncio.run(scenario())
