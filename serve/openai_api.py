@@ -33,7 +33,8 @@ NEUTRAL = {
     "logprobs": False,
     "echo": False,
 }
-SAMPLING = {"max_tokens", "max_completion_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}
+SAMPLING = {"max_tokens", "max_completion_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+SAMPLING |= {"stream"}
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
 
 

@@ -341,6 +341,18 @@ def language_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pa
 
 
 @pytest.fixture(scope="session")
+def language_fsdp2_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The same tiny Llama fine-tuned with FSDP2 and saved with DCP (tests/fixtures/causal_fsdp2.py), as PyTorch's
+    recipe (recipe.export) and torchtitan (torchtitan.export) save it, each exported with --hf-config."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    exports = [
+        ["{run}/" + layout, "--hf-config", "{run}/base", "--out", "{run}/" + layout + ".export"]
+        for layout in ("recipe", "torchtitan")
+    ]
+    return _trained_and_exported(shared, "language_fsdp2_run", "causal_fsdp2.py", exports)
+
+
+@pytest.fixture(scope="session")
 def eager(exported: Path):
     """The eager model behind the export, with its torchvision evaluation transform."""
     return eager_from_export(exported)

@@ -86,6 +86,19 @@ def test_the_consolidated_folder_is_the_checkpoint(language_run: Path):
     assert all(torch.equal(from_ddp[k], trained[k]) for k in trained)  # rank 0's state_dict after the last step
 
 
+@pytest.mark.parametrize("layout", ["recipe", "torchtitan"])
+def test_an_fsdp2_dcp_folder_exports_its_model_keys_only(language_fsdp2_run: Path, layout: str):
+    """FSDP2 + DCP, the optimizer's state saved beside the model's under the same parameter names: only the
+    model's tensors are read, and they are the full state the job ended with."""
+    export = language_fsdp2_run / f"{layout}.export"
+    manifest = read_manifest_unchecked(export)
+    assert manifest["status"] == "passed" and manifest["source"]["container"] == "dcp"
+    assert manifest["provenance"]["summary"].startswith("provenance: 21 of 21 model tensors equal the checkpoint's")
+    expected = torch.load(language_fsdp2_run / "expected.pt")
+    saved = load_file(export / "hf" / "model.safetensors")
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in expected)
+
+
 def test_chat_completions_equal_transformers_greedy(server, reference):
     _, tokenizer = reference
     for chat in CHATS:
