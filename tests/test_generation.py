@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 import transformers
-from conftest import Server
+from conftest import Server, run
 from safetensors.torch import load_file
 
 from contract.manifest import read_manifest_unchecked
@@ -213,3 +215,40 @@ def test_one_generation_at_a_time_refuses_the_next_and_a_client_that_leaves_stop
             assert again.status_code == 200
 
     asyncio.run(scenario())
+
+
+def _edited(language_run: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the Trainer checkpoint with `edit(folder)` applied."""
+    folder = tmp_path / "checkpoint-40"
+    shutil.copytree(language_run / "checkpoint-40", folder, ignore=shutil.ignore_patterns("optimizer.pt", "rng_*"))
+    edit(folder)
+    return folder
+
+
+def _config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | changes))
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (
+            lambda f: _config(f, architectures=["BloomForCausalLM"]),
+            "BloomForCausalLM is a language model that ONNX Runtime",
+        ),
+        (lambda f: _config(f, auto_map={"AutoModelForCausalLM": "x.Y"}), "--trust-remote-code"),
+        (lambda f: _config(f, quantization_config={"quant_method": "gptq"}), "a quantized checkpoint (gptq)"),
+        (lambda f: (f / "tokenizer.json").unlink() or (f / "tokenizer_config.json").unlink(), "no tokenizer beside"),
+        (
+            lambda f: (f / "generation_config.json").write_text(json.dumps({"eos_token_id": [1]})),
+            "ends an assistant's turn with '<|im_end|>' (id 4), which is not one of the eos ids [1]",
+        ),
+    ],
+    ids=["architecture", "remote-code", "quantized", "no-tokenizer", "turn-end-not-eos"],
+)
+def test_what_cannot_be_served_is_refused_in_one_line(language_run: Path, tmp_path: Path, edit, says):
+    folder = _edited(language_run, tmp_path, edit)
+    done = run([sys.executable, "-m", "export", str(folder), "--no-bento", "--out", str(tmp_path / "out")])
+    assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
