@@ -1,6 +1,7 @@
-"""A WordPiece tokenizer trained on the spot, the way a BERT-style model's is made, for the tests' and benchmarks'
-Hugging Face models (nothing is downloaded): `[CLS] text [SEP]` (a pair `[CLS] a [SEP] b [SEP]`, b's segment 1),
-lowercased, BERT's pre-tokenizer."""
+"""Tokenizers trained on the spot for the tests' and benchmarks' Hugging Face models (nothing is downloaded): a
+WordPiece one, the way a BERT-style model's is made (`[CLS] text [SEP]`, a pair `[CLS] a [SEP] b [SEP]` with b's
+segment 1, lowercased, BERT's pre-tokenizer), and a byte-level BPE with ChatML's chat template, the way a chat
+model's is made."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+BOS, EOS, PAD = "<|begin_of_text|>", "<|endoftext|>", "<|pad|>"
+TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
+CHATML = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 def wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int, segments: bool = False) -> Any:
@@ -75,4 +84,32 @@ def trainer_arguments(out: Path, steps: int, learning_rate: float, **more: Any) 
         logging_steps=10,
         disable_tqdm=True,
         **more,
+    )
+
+
+def bpe_chat_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Any:
+    """A byte-level BPE of at most `vocab_size` learnt from `texts` that adds the beginning-of-sequence token, as
+    Llama's does, with ChatML's special tokens and chat template (a turn ends with `<|im_end|>`)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    specials = [BOS, EOS, PAD, TURN_START, TURN_END]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    backend.train_from_iterator(texts, trainer)
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, backend.token_to_id(BOS))]
+    )
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=TURN_END,
+        pad_token=PAD,
+        additional_special_tokens=[TURN_START, EOS],
+        model_max_length=max_length,
+        chat_template=CHATML,
     )
