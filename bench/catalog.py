@@ -57,6 +57,12 @@ BENCHMARKS = (
         ("ours_over_limit_c64",),
     ),
     Benchmark(
+        "generation_serving",
+        "served tokens/s and time to the first token of a language model against the in-process generation loop",
+        ("--seconds", "8", "--rounds", "3"),
+        ("ours_over_limit_c16", "ours_over_limit_c1", "ours_first_token_over_limit_c16"),
+    ),
+    Benchmark(
         "export_time",
         "how long `python -m export` takes for resnet18 and resnet50, phase by phase",
         ("--rounds", "3"),

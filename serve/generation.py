@@ -1,82 +1,67 @@
-"""A language model served: the ONNX Runtime GenAI model loaded from bytes the manifest verified, and generations
-run on it, many at once, each on its own thread, off the event loop.
+"""What runs inside the generation engine's process (serve/generation_engine.py starts it): the ONNX Runtime GenAI
+model opened from a private copy of the files the manifest verified, and generations on it, each on its own thread.
 
-- Loading: every file of the export's `genai/` folder is read through the manifest's hashes and written into a
-  private folder this process made (0700), which is what ONNX Runtime GenAI opens: the files it reads are the ones
-  checked, whatever happens to the export folder afterwards.
-- A generation (`Generations.stream`) is one `og.Generator` on the shared model, fed the ids the service's own
-  tokenizer made (contract/generation.py), sampling as asked (temperature 0: greedy, as transformers'
-  `do_sample=False`), stopping at an eos id, a stop string, `max_tokens` or the context's end. Its text comes out as
-  it becomes whole, a stop string never included (as vLLM), through an asyncio queue; a client that leaves sets
-  `cancelled`, and the loop ends at its next token.
-- At most HANDOFF_MAX_GENERATIONS run at once; one more is refused at once (429) rather than queued.
+A generation is one `og.Generator` on the shared model, fed the ids the service's own tokenizer made
+(contract/generation.py), sampling as asked (temperature 0: greedy, as transformers' `do_sample=False`), stopping at
+an eos id, a stop string, `max_tokens` or the context's end. Its text is given as it becomes whole, a stop string
+never included (as vLLM); `cancelled` ends it at its next token.
+
+ONNX Runtime GenAI holds Python's GIL while it computes a token, so generations in the serving process would starve
+its event loop (a sleeping thread woke 5 ms late with one generation running, up to 136 ms with eight): the model
+lives in a process of its own, as vLLM's engine core does.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from contract.errors import ClientError
-from contract.generation import GenerationSettings, PromptTokenizer, TextStream
+from contract.generation import PromptTokenizer, TextStream
 from contract.manifest import read_artifact
 
 log = logging.getLogger("bentoml.handoff")
-GENAI_MODEL = "genai/model.onnx"
 
 
-class GenAiRuntime:
-    """The GenAI model, opened from a private copy of the verified files."""
+@contextmanager
+def verified_copy(folder: Path, manifest: dict[str, Any]) -> Iterator[Path]:
+    """The export's `genai/` files, each read through the manifest's hash, in a private folder (0700) that is
+    removed on exit: what ONNX Runtime GenAI opens is what was checked, whatever happens to the export folder."""
+    genai = (manifest.get("genai") or {}).get("folder", "genai")
+    private = Path(tempfile.mkdtemp(prefix="handoff-genai-"))
+    try:
+        for name in sorted(n for n in manifest["artifacts"] if n.startswith(f"{genai}/")):
+            (private / name[len(genai) + 1 :]).write_bytes(read_artifact(folder, manifest, name))
+        yield private
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
-    name = "onnxruntime-genai"
-    artifact = GENAI_MODEL
 
-    def __init__(self, folder: Path, manifest: dict[str, Any], device: str) -> None:
-        import onnxruntime_genai as og
+def open_model(private: Path, device: str) -> tuple[Any, str]:
+    """The GenAI model in `private` and where it runs: CUDA for `cuda`, and for `auto` where it can, else the CPU."""
+    import onnxruntime_genai as og
 
-        genai = (manifest.get("genai") or {}).get("folder", "genai")
-        self.private = Path(tempfile.mkdtemp(prefix="handoff-genai-"))  # 0700, this process's own
-        try:
-            for name in sorted(n for n in manifest["artifacts"] if n.startswith(f"{genai}/")):
-                (self.private / name[len(genai) + 1 :]).write_bytes(read_artifact(folder, manifest, name))
-            use_cuda = device == "cuda" or (device == "auto" and cuda_available())
-            try:
-                self.model = og.Model(self._config(use_cuda))
-            except RuntimeError as err:
-                if device == "cuda" or not use_cuda:
-                    raise
-                log.warning("CUDA cannot run the model here (%s): on the CPU", str(err).splitlines()[0])
-                use_cuda = False
-                self.model = og.Model(self._config(use_cuda))
-        finally:
-            shutil.rmtree(self.private, ignore_errors=True)  # the model holds what it read
-        self.device = "cuda" if use_cuda else "cpu"
-        self.provider = "CUDAExecutionProvider" if use_cuda else "CPUExecutionProvider"
-
-    def _config(self, cuda: bool) -> Any:
-        import onnxruntime_genai as og
-
-        config = og.Config(str(self.private))
-        config.clear_providers()  # the CPU, unless CUDA is appended
+    def config(cuda: bool) -> Any:
+        found = og.Config(str(private))
+        found.clear_providers()  # the CPU, unless CUDA is appended
         if cuda:
-            config.append_provider("cuda")
-        return config
+            found.append_provider("cuda")
+        return found
 
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        raise TypeError("a language model is called through Generations")
-
-    def run_named(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        raise TypeError("a language model is called through Generations")
+    use_cuda = device == "cuda" or (device == "auto" and cuda_available())
+    try:
+        return og.Model(config(use_cuda)), "cuda" if use_cuda else "cpu"
+    except RuntimeError as err:
+        if device == "cuda" or not use_cuda:
+            raise
+        log.warning("CUDA cannot run the model here (%s): on the CPU", str(err).splitlines()[0])
+        return og.Model(config(False)), "cpu"
 
 
 def cuda_available() -> bool:
@@ -115,125 +100,64 @@ class Piece:
     completion_tokens: int = 0
 
 
-class Generations:
-    """Generations on one model, at most `limit` at once, each on its own thread."""
+def generate(
+    model: Any,
+    tokenizer: PromptTokenizer,
+    eos: tuple[int, ...],
+    prompt: list[int],
+    sampling: Sampling,
+    cancelled: threading.Event,
+    put: Callable[[Piece], None],
+) -> None:
+    """One generation on `model`, its text given to `put` as it comes, the last piece with its finish reason."""
+    import onnxruntime_genai as og
 
-    def __init__(
-        self, runtime: GenAiRuntime, tokenizer: PromptTokenizer, settings: GenerationSettings, limit: int
-    ) -> None:
-        self.runtime, self.tokenizer, self.settings, self.limit = runtime, tokenizer, settings, limit
-        self.running = 0  # changed on the event loop only
-        self.vocab_size = int(self._vocab_size())
-        self._threads = ThreadPoolExecutor(limit, thread_name_prefix="handoff-generate")
-
-    def _vocab_size(self) -> int:
-        return self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def sampling_for(self, prompt_tokens: int, max_tokens: int | None, **options: Any) -> Sampling:
-        """The request's sampling, its `max_tokens` checked against the context: a prompt that leaves no room, or a
-        completion that would not fit, is a 400 that says so (never cut silently); unset, the rest of the context."""
-        context = self.settings.context_length
-        if prompt_tokens >= context:
-            raise ClientError(
-                f"This model's maximum context length is {context} tokens. However, your prompt is {prompt_tokens} "
-                "tokens: shorten it"
-            )
-        if max_tokens is None:
-            max_tokens = context - prompt_tokens
-        elif prompt_tokens + max_tokens > context:
-            raise ClientError(
-                f"This model's maximum context length is {context} tokens. However, you requested "
-                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in the completion). "
-                "Please reduce the length of the prompt or the completion."
-            )
-        return Sampling(max_tokens=max_tokens, **options)
-
-    def reserve(self) -> None:
-        """Take a generation slot, or refuse with 429 (checked before the prompt is tokenized)."""
-        if self.running >= self.limit:
-            raise ClientError(
-                f"{self.limit} generations are running (HANDOFF_MAX_GENERATIONS); retry shortly", 429, retry_after_s=1
-            )
-        self.running += 1
-
-    def release(self) -> None:
-        self.running -= 1
-
-    async def stream(self, prompt: list[int], sampling: Sampling, cancelled: threading.Event) -> AsyncIterator[Piece]:
-        """The generation's text as it comes, its last piece with the finish reason (a slot taken by `reserve`)."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
-
-        def put(item: Piece | BaseException) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        work = loop.run_in_executor(self._threads, self._generate, prompt, sampling, cancelled, put)
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    break
-        finally:
-            cancelled.set()  # the consumer left early (a disconnect, an error): the thread stops at its next token
-            await asyncio.shield(work)
-
-    def _generate(self, prompt: list[int], sampling: Sampling, cancelled: threading.Event, put: Any) -> None:
-        try:
-            self._run(prompt, sampling, cancelled, put)
-        except Exception as err:  # noqa: BLE001 - handed to the event loop, which answers or logs it
-            put(err)
-
-    def _run(self, prompt: list[int], sampling: Sampling, cancelled: threading.Event, put: Any) -> None:
-        import onnxruntime_genai as og
-
-        params = og.GeneratorParams(self.runtime.model)
-        search: dict[str, Any] = {
-            "max_length": len(prompt) + sampling.max_tokens,
-            "min_length": len(prompt) + min(sampling.min_tokens, sampling.max_tokens),
+    params = og.GeneratorParams(model)
+    search: dict[str, Any] = {
+        "max_length": len(prompt) + sampling.max_tokens,
+        "min_length": len(prompt) + min(sampling.min_tokens, sampling.max_tokens),
+    }
+    if sampling.temperature == 0:
+        search["do_sample"] = False
+    else:
+        vocab = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+        search |= {
+            "do_sample": True,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k or vocab,
         }
-        if sampling.temperature == 0:
-            search["do_sample"] = False
-        else:
-            search |= {
-                "do_sample": True,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "top_k": sampling.top_k or self.vocab_size,
-            }
-            if sampling.seed is not None:
-                search["random_seed"] = sampling.seed
-        params.set_search_options(**search)
-        generator = og.Generator(self.runtime.model, params)
-        generator.append_tokens(prompt)
-        text = TextStream(self.tokenizer)
-        stops = StopStrings(sampling.stop)
-        tokens = 0
-        while True:
-            if cancelled.is_set():
-                log.info("generation stopped: the client left after %d tokens", tokens)
-                put(Piece("", "abort", tokens))  # vLLM's reason; whoever still waits ends
-                return
-            if generator.is_done():
-                put(Piece(stops.flush(), "length", tokens))
-                return
-            generator.generate_next_token()
-            token = int(generator.get_next_tokens()[0])
-            tokens += 1
-            if token in self.settings.eos_token_ids:
-                put(Piece(stops.flush(), "stop", tokens))
-                return
-            ready, stopped = stops.add(text.add(token))
-            if stopped:
-                put(Piece(ready, "stop", tokens))
-                return
-            if tokens >= sampling.max_tokens:
-                put(Piece(ready + stops.flush(), "length", tokens))
-                return
-            if ready:
-                put(Piece(ready))
+        if sampling.seed is not None:
+            search["random_seed"] = sampling.seed
+    params.set_search_options(**search)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    text = TextStream(tokenizer)
+    stops = StopStrings(sampling.stop)
+    tokens = 0
+    while True:
+        if cancelled.is_set():
+            log.info("generation stopped: the client left after %d tokens", tokens)
+            put(Piece("", "abort", tokens))  # vLLM's reason; whoever still waits ends
+            return
+        if generator.is_done():
+            put(Piece(stops.flush(), "length", tokens))
+            return
+        generator.generate_next_token()
+        token = int(generator.get_next_tokens()[0])
+        tokens += 1
+        if token in eos:
+            put(Piece(stops.flush(), "stop", tokens))
+            return
+        ready, stopped = stops.add(text.add(token))
+        if stopped:
+            put(Piece(ready, "stop", tokens))
+            return
+        if tokens >= sampling.max_tokens:
+            put(Piece(ready + stops.flush(), "length", tokens))
+            return
+        if ready:
+            put(Piece(ready))
 
 
 class StopStrings:

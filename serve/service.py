@@ -161,9 +161,12 @@ class ModelService:
 
     @property
     def unready(self) -> str | None:
-        """What the readiness probes say: `not_ready`, or the batcher refusing every request of late (requests are
-        still taken: one that finds the model idle runs, and ends it)."""
-        return self.not_ready or (self.batcher.refusing if self.batcher is not None else None)
+        """What the readiness probes say: `not_ready`, the task's own trouble (a language model's engine process
+        gone), or the batcher refusing every request of late (requests are still taken: one that finds the model
+        idle runs, and ends it)."""
+        if self.not_ready is not None:
+            return self.not_ready
+        return self.task.trouble() or (self.batcher.refusing if self.batcher is not None else None)
 
     def __is_ready__(self) -> bool:
         return self.unready is None

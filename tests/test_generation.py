@@ -9,6 +9,7 @@ import asyncio
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -252,3 +253,21 @@ def test_what_cannot_be_served_is_refused_in_one_line(language_run: Path, tmp_pa
     done = run([sys.executable, "-m", "export", str(folder), "--no-bento", "--out", str(tmp_path / "out")])
     assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "out").exists()
+
+
+def test_an_engine_that_dies_makes_the_service_unready_not_hung(server):
+    """The last test of the module: the generation engine's process killed, requests are 503 at once and the
+    readiness probes say why."""
+    import psutil
+
+    (engine,) = [
+        p for p in psutil.Process(server.proc.pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())
+    ]
+    engine.kill()
+    for _ in range(50):
+        if server.status("/readyz") == 503:
+            break
+        time.sleep(0.1)
+    assert server.status("/readyz") == 503
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "After", "max_tokens": 2})
+    assert r.status_code == 503 and "engine's process ended" in r.text

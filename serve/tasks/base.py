@@ -86,6 +86,10 @@ class ServedTask:
     def warm_up(self) -> None:
         """Run the model once at load, where the shapes it will see are known, so the first request is not slow."""
 
+    def trouble(self) -> str | None:
+        """Why the task cannot answer now though it loaded (the readiness probes say it); None: it can."""
+        return None
+
     def client_fault(self, failed: ModelFailed) -> ClientError | None:
         """The client's error when the model failed on one request's rows alone; None: the fault is the service's."""
         return None

@@ -15,7 +15,6 @@ chunk. A client that disconnects stops its generation. Errors are OpenAI's body 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,13 +27,15 @@ from contract.signature import TASK_TEXT_GENERATION
 from serve.config import ServeConfig
 from serve.endpoint import Answer, Incoming, RouteSchema
 from serve.front_door import Receive
-from serve.generation import GenAiRuntime, Generations, Piece
+from serve.generation import Piece
+from serve.generation_engine import Generation, GenerationEngine, Generations
 from serve.json_body import parse_json
 from serve.lanes import Lanes
 from serve.oip import ServedTensor
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.openai_api import (
     DONE,
+    Common,
     Reply,
     error_body,
     error_event,
@@ -57,16 +58,18 @@ class TextGeneration(ServedTask):
     @classmethod
     def own_runtime(cls, config: ServeConfig, folder: Path, manifest: dict[str, Any]) -> tuple[Lanes, Runtime]:
         why = f"a language model: up to {config.max_generations} generations at once (HANDOFF_MAX_GENERATIONS)"
-        return Lanes(1, config.cores_per_worker(), 1, why), GenAiRuntime(folder, manifest, config.device)
+        engine = GenerationEngine(folder, manifest, config.device, config.max_generations)
+        return Lanes(1, config.cores_per_worker(), 1, why), engine
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
         self.settings = GenerationSettings.from_manifest(self.manifest["generation"])
         tokenizer_json = read_artifact(serving.folder, self.manifest, TOKENIZER)
         self.tokenizer = PromptTokenizer(tokenizer_json, self.settings)
-        runtime = serving.runtime
-        assert isinstance(runtime, GenAiRuntime)
-        self.generations = Generations(runtime, self.tokenizer, self.settings, self.config.max_generations)
+        engine = serving.runtime
+        assert isinstance(engine, GenerationEngine)
+        vocab = self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.generations = Generations(engine, self.settings, vocab, self.config.max_generations)
         self.created = int(time.time())
 
     async def answer(self, route: str, request: Incoming) -> Answer:
@@ -82,46 +85,51 @@ class TextGeneration(ServedTask):
         body = parse_json(request.body)
         common = parse_common(body, self.config.model_name, "messages" if chat else "prompt")
         self.generations.reserve()
-        handed_over = False  # a stream releases its slot when it ends
-        cancelled = threading.Event()
-        watcher = asyncio.create_task(_watch_disconnect(request.receive, cancelled))
+        generation: Generation | None = None
+        watcher: asyncio.Task[None] | None = None
+        handed_over = False  # a stream ends its generation and releases the slot when it ends
         try:
             prompt = await self.serving.decoders.run(self._prompt_ids, chat, body)
             sampling = self.generations.sampling_for(len(prompt), common.max_tokens, **common.options)
             reply = Reply(chat, self.config.model_name, len(prompt))
-            pieces = self.generations.stream(prompt, sampling, cancelled)
+            generation = self.generations.start(prompt, sampling)
+            watcher = asyncio.create_task(_watch_disconnect(request.receive, generation))
             if common.stream:
                 handed_over = True
-                events = self._events(reply, pieces, common.include_usage, watcher)
-                return Answer(b"", "text/event-stream", stream=events)
+                return Answer(b"", "text/event-stream", stream=self._events(reply, generation, common, watcher))
             text, last = [], Piece("")
-            async for piece in pieces:
+            async for piece in generation.pieces():
                 text.append(piece.text)
                 last = piece
             assert last.finish_reason is not None
             return Answer(reply.whole("".join(text), last.finish_reason, last.completion_tokens))
         finally:
             if not handed_over:
-                watcher.cancel()
-                self.generations.release()
+                if watcher is not None:
+                    watcher.cancel()
+                self._end(generation)
+
+    def _end(self, generation: Generation | None) -> None:
+        if generation is not None:
+            generation.close()
+        self.generations.release()
 
     async def _events(
-        self, reply: Reply, pieces: AsyncIterator[Piece], include_usage: bool, watcher: asyncio.Task[None]
+        self, reply: Reply, generation: Generation, common: Common, watcher: asyncio.Task[None]
     ) -> AsyncIterator[bytes]:
         try:
             if reply.chat:
                 yield reply.chunk("", first=True)
-            async for piece in pieces:
+            async for piece in generation.pieces():
                 yield reply.chunk(piece.text, piece.finish_reason)
-                if piece.finish_reason is not None and include_usage:
+                if piece.finish_reason is not None and common.include_usage:
                     yield reply.usage_chunk(piece.completion_tokens)
             yield DONE
         except ClientError as err:
             yield error_event(err)
         finally:
             watcher.cancel()
-            await pieces.aclose()  # type: ignore[attr-defined]
-            self.generations.release()
+            self._end(generation)
 
     def _prompt_ids(self, chat: bool, body: dict[str, Any]) -> list[int]:
         """The prompt's token ids, as transformers makes them (in a decoding thread: a template may be slow)."""
@@ -137,6 +145,9 @@ class TextGeneration(ServedTask):
         if any(not 0 <= token < vocab for token in prompt):
             raise ClientError(f"prompt: token ids must be between 0 and {vocab - 1}")
         return prompt
+
+    def trouble(self) -> str | None:
+        return self.generations.engine.failure
 
     def refuse(self, route: str) -> ClientError:
         return ClientError(f"{route} is not for a language model: send POST {CHAT} or {COMPLETIONS}", 404)
@@ -170,12 +181,12 @@ class TextGeneration(ServedTask):
         }
 
 
-async def _watch_disconnect(receive: Receive | None, cancelled: threading.Event) -> None:
-    """Sets `cancelled` when the client leaves (the body is read: the next message is the disconnect)."""
+async def _watch_disconnect(receive: Receive | None, generation: Generation) -> None:
+    """Stops `generation` when the client leaves (the body is read: the next message is the disconnect)."""
     if receive is None:
         return
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            cancelled.set()
+            generation.cancel()
             return

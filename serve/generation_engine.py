@@ -1,0 +1,264 @@
+"""The generation engine: a process of its own that holds the language model (ONNX Runtime GenAI holds the GIL while
+it computes, serve/generation.py), and the serving process's side of it.
+
+    serving process (event loop)                              engine process
+    Generations.start -> ("start", id, prompt ids, sampling) ->  a thread per generation: generate()
+    Generation.pieces <- a reader thread <- [("piece", id, text, finish reason, tokens), ...] (what waited, at once)
+    Generation.cancel -> ("cancel", id)                      ->  its generation ends at its next token
+
+The engine is started with `spawn` (a fork would copy the serving process's threads' locks) and loads the model from
+a private copy of the verified files, which is removed once it has. It ends when the serving process closes the
+pipe, or dies. At most HANDOFF_MAX_GENERATIONS run at once; one more is refused at once (429) rather than queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import queue
+import sys
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from contract.errors import ClientError
+from contract.generation import GenerationSettings, PromptTokenizer
+from contract.manifest import read_artifact
+from serve.generation import Piece, Sampling, generate, open_model, verified_copy
+
+log = logging.getLogger("bentoml.handoff")
+GENAI_MODEL = "genai/model.onnx"
+TOKENIZER = "hf/tokenizer.json"
+LOAD_TIMEOUT_S = 600
+
+
+class GenerationEngine:
+    """The serving process's handle on the engine process (the service's runtime for a language model)."""
+
+    name = "onnxruntime-genai"
+    artifact = GENAI_MODEL
+
+    def __init__(self, folder: Path, manifest: dict[str, Any], device: str, limit: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, theirs = context.Pipe()
+        tokenizer_json = read_artifact(folder, manifest, TOKENIZER)
+        with verified_copy(folder, manifest) as private:
+            arguments = (theirs, str(private), device, tokenizer_json, manifest["generation"], limit)
+            self.process = context.Process(target=engine_main, args=arguments, name="handoff-generation", daemon=True)
+            self.process.start()
+            theirs.close()
+            if not self.conn.poll(LOAD_TIMEOUT_S):
+                self.process.kill()
+                raise RuntimeError(f"the generation engine did not load the model in {LOAD_TIMEOUT_S} s")
+            try:
+                kind, detail = self.conn.recv()
+            except EOFError:
+                raise RuntimeError(
+                    f"the generation engine ended while loading (exit {self.process.exitcode})"
+                ) from None
+        if kind != "ready":
+            raise RuntimeError(f"the generation engine cannot load the model: {detail}")
+        self.device = detail
+        self.provider = "CUDAExecutionProvider" if detail == "cuda" else "CPUExecutionProvider"
+        self.failure: str | None = None
+        self._targets: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._next_id = 0
+        self._send_lock = threading.Lock()
+        threading.Thread(target=self._read, name="handoff-generation-reader", daemon=True).start()
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        raise TypeError("a language model is called through Generations")
+
+    def run_named(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise TypeError("a language model is called through Generations")
+
+    def _send(self, *message: Any) -> None:
+        with self._send_lock:
+            self.conn.send(message)
+
+    def _read(self) -> None:
+        """The engine's messages, a batch at a time: a generation's pieces in one batch become one piece (its texts
+        joined), handed to its queue on its event loop."""
+        while True:
+            try:
+                batch = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            for ident, item in merged(batch).items():
+                target = self._targets.get(ident)
+                if target is not None:
+                    target[0].call_soon_threadsafe(target[1].put_nowait, item)
+        self.failure = f"the generation engine's process ended (exit {self.process.exitcode})"
+        log.error("%s: restart the service", self.failure)
+        for loop, waiting in list(self._targets.values()):
+            loop.call_soon_threadsafe(waiting.put_nowait, ClientError(self.failure, 503))
+
+    def start(self, prompt: list[int], sampling: Sampling) -> Generation:
+        if self.failure is not None:
+            raise ClientError(f"{self.failure}; the service must be restarted", 503)
+        ident, self._next_id = self._next_id, self._next_id + 1
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._targets[ident] = (asyncio.get_running_loop(), queue)
+        self._send("start", ident, prompt, asdict(sampling))
+        return Generation(self, ident, queue)
+
+    def cancel(self, ident: int) -> None:
+        try:
+            self._send("cancel", ident)
+        except OSError:
+            pass  # the engine is gone: nothing to stop
+
+    def forget(self, ident: int) -> None:
+        self._targets.pop(ident, None)
+
+
+def merged(batch: list[tuple[Any, ...]]) -> dict[int, Piece | BaseException]:
+    """A batch of the engine's messages as one item per generation, in order: its pieces joined (a piece that
+    ends it ends the joined one), or its error."""
+    items: dict[int, Piece | BaseException] = {}
+    for kind, ident, *rest in batch:
+        before = items.get(ident)
+        if kind != "piece":
+            items[ident] = RuntimeError(f"the generation failed: {rest[0]}")
+        elif isinstance(before, Piece):
+            items[ident] = Piece(before.text + rest[0], rest[1], rest[2])
+        elif before is None:
+            items[ident] = Piece(*rest)
+    return items
+
+
+class Generation:
+    """One generation in the engine: its pieces as they come, and a way to stop it."""
+
+    def __init__(self, engine: GenerationEngine, ident: int, queue: asyncio.Queue[Any]) -> None:
+        self.engine, self.ident, self.queue = engine, ident, queue
+        self.finished = False
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        try:
+            while not self.finished:
+                item = await self.queue.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finish_reason is not None
+                yield item
+        finally:
+            self.close()
+
+    def cancel(self) -> None:
+        """Stop it (a client that left): the engine ends it at its next token."""
+        if not self.finished:
+            self.engine.cancel(self.ident)
+
+    def close(self) -> None:
+        self.cancel()
+        self.engine.forget(self.ident)
+
+
+class Generations:
+    """The task's side: the slots, the requests' checks against the context, and generations started on the engine."""
+
+    def __init__(self, engine: GenerationEngine, settings: GenerationSettings, vocab_size: int, limit: int) -> None:
+        self.engine, self.settings, self.vocab_size, self.limit = engine, settings, vocab_size, limit
+        self.running = 0  # changed on the event loop only
+
+    def sampling_for(self, prompt_tokens: int, max_tokens: int | None, **options: Any) -> Sampling:
+        """The request's sampling, its `max_tokens` checked against the context: a prompt that leaves no room, or a
+        completion that would not fit, is a 400 that says so (never cut silently); unset, the rest of the context."""
+        context = self.settings.context_length
+        if prompt_tokens >= context:
+            raise ClientError(
+                f"This model's maximum context length is {context} tokens. However, your prompt is {prompt_tokens} "
+                "tokens: shorten it"
+            )
+        if max_tokens is None:
+            max_tokens = context - prompt_tokens
+        elif prompt_tokens + max_tokens > context:
+            raise ClientError(
+                f"This model's maximum context length is {context} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in the completion). "
+                "Please reduce the length of the prompt or the completion."
+            )
+        return Sampling(max_tokens=max_tokens, **options)
+
+    def reserve(self) -> None:
+        """Take a generation slot, or refuse with 429 (checked before the prompt is tokenized)."""
+        if self.running >= self.limit:
+            raise ClientError(
+                f"{self.limit} generations are running (HANDOFF_MAX_GENERATIONS); retry shortly", 429, retry_after_s=1
+            )
+        self.running += 1
+
+    def release(self) -> None:
+        self.running -= 1
+
+    def start(self, prompt: list[int], sampling: Sampling) -> Generation:
+        return self.engine.start(prompt, sampling)
+
+
+def engine_main(conn: Any, private: str, device: str, tokenizer_json: bytes, entry: dict[str, Any], limit: int) -> None:
+    """The engine process: load the model, then run each generation asked for on a thread of its own."""
+    handler = logging.StreamHandler(sys.stderr)  # the serving process's log, which `bentoml serve` shows
+    handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] [generation] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        model, where = open_model(Path(private), device)
+    except Exception as err:  # noqa: BLE001 - said to the serving process, which reports it as not ready
+        conn.send(("failed", f"{type(err).__name__}: {str(err).splitlines()[0]}"))
+        return
+    conn.send(("ready", where))
+    settings = GenerationSettings.from_manifest(entry)
+    tokenizer = PromptTokenizer(tokenizer_json, settings)
+    running: dict[int, threading.Event] = {}
+    outbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+
+    def send(*message: Any) -> None:
+        outbox.put(message)
+
+    def sender() -> None:
+        """Everything that waits, in one message: when many generations run, one pipe write carries a token of
+        each (and the serving process wakes once for them), when one runs, each token goes at once."""
+        while True:
+            batch = [outbox.get()]
+            while not outbox.empty():
+                batch.append(outbox.get_nowait())
+            try:
+                conn.send(batch)
+            except OSError:
+                return  # the serving process is gone
+
+    threading.Thread(target=sender, name="handoff-generation-sender", daemon=True).start()
+
+    def run(ident: int, prompt: list[int], sampling: Sampling, cancelled: threading.Event) -> None:
+        def put(piece: Piece) -> None:
+            send("piece", ident, piece.text, piece.finish_reason, piece.completion_tokens)
+
+        try:
+            generate(model, tokenizer, settings.eos_token_ids, prompt, sampling, cancelled, put)
+        except Exception as err:  # noqa: BLE001 - the request's error, not the engine's end
+            log.exception("generation %d failed", ident)
+            send("error", ident, f"{type(err).__name__}: {err}")
+        finally:
+            running.pop(ident, None)
+
+    with ThreadPoolExecutor(limit, thread_name_prefix="handoff-generate") as pool:
+        while True:
+            try:
+                kind, ident, *rest = conn.recv()
+            except (EOFError, OSError):
+                break  # the serving process is gone
+            if kind == "start":
+                running[ident] = threading.Event()
+                pool.submit(run, ident, rest[0], Sampling(**rest[1]), running[ident])
+            elif kind == "cancel" and ident in running:
+                running[ident].set()
+        for cancelled in list(running.values()):
+            cancelled.set()
