@@ -48,8 +48,9 @@ GOAL = "ours >= 0.8 x the in-process loop's tokens/s at c=16"
 WARM_S = 1.0
 
 
-def make_model(folder: Path) -> Path:
-    """A save_pretrained folder of a small random Llama with its chat tokenizer, exported with no flags."""
+def make_model(folder: Path, *export_flags: str) -> Path:
+    """A save_pretrained folder of a small random Llama with its chat tokenizer, exported with no flags (or
+    `export_flags`)."""
     import torch
     import transformers
 
@@ -78,7 +79,7 @@ def make_model(folder: Path) -> Path:
     tokenizer.save_pretrained(saved)
     out = folder / "llama.export"
     command = [sys.executable, "-m", "export", str(saved), "--out", str(out), "--no-bento", "--new-tokens", "8"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([*command, *export_flags], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"python -m export {saved} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return out

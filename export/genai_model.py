@@ -62,10 +62,15 @@ def write_hf_folder(model: Any, tokenizer: Any, generation_config: Any, dtype: t
     return sorted(str(p.relative_to(out)) for p in folder.rglob("*") if p.is_file())
 
 
+def genai_precision(device: str) -> str:
+    """What the builder builds for `device`: fp16 for CUDA, fp32 for the CPU."""
+    return "fp16" if device == "cuda" else "fp32"
+
+
 def build_genai(out: Path, device: str) -> list[str]:
-    """The GenAI model of `out/hf`, in `out/genai`: fp32 for the CPU, fp16 for CUDA; the files written. ValueError,
+    """The GenAI model of `out/hf`, in `out/genai`, at `genai_precision(device)`; the files written. ValueError,
     with the builder's last line, where it cannot build the model."""
-    precision, provider = ("fp16", "cuda") if device == "cuda" else ("fp32", "cpu")
+    precision, provider = genai_precision(device), "cuda" if device == "cuda" else "cpu"
     folder = out / GENAI_FOLDER
     with tempfile.TemporaryDirectory() as cache:
         command = [sys.executable, "-m", BUILDER, "-i", str(out / HF_FOLDER), "-o", str(folder)]

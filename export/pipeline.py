@@ -115,8 +115,9 @@ def add_own_checks(report: dict[str, Any], key: str, checks: list[Check]) -> Non
         report["pass"] = False
 
 
-def tolerance_of(args: Any) -> Tolerance:
-    default = DEFAULT_TOLERANCES["fp16" if args.fp16 else "fp32"]
+def tolerance_of(args: Any, precision: str | None = None) -> Tolerance:
+    """--atol and --rtol, else the default of `precision` (None: --fp16's)."""
+    default = DEFAULT_TOLERANCES[precision or ("fp16" if args.fp16 else "fp32")]
     return Tolerance(
         args.atol if args.atol is not None else default.atol,
         args.rtol if args.rtol is not None else default.rtol,

@@ -2,7 +2,9 @@
 off, and fp16), serve on the CUDA provider, benchmark the service, try TensorRT; then any model (a user's text
 model), a Hugging Face text classifier (scripts/gpu_text.py), a detector and a segmenter (scripts/gpu_images.py), and
 the tasks after them (scripts/gpu_tasks.py: token classification, embeddings, reranking, a Hugging Face image
-classifier, Mask R-CNN, Keypoint R-CNN), each exported, served and checked or measured on the device.
+classifier, Mask R-CNN, Keypoint R-CNN) and a fine-tuned language model (scripts/gpu_generation.py: the fp16 GenAI
+model, and vLLM on its consolidated folder where installed), each exported, served and checked or measured on the
+device.
 
     bash scripts/gpu_check.sh [--out DIR] [--dry-run-cpu] [--arch resnet50]
 
@@ -31,6 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from gpu_generation import generation_on_device  # noqa: E402  (beside this script)
 from gpu_images import images_on_device  # noqa: E402  (beside this script)
 from gpu_tasks import tasks_on_device  # noqa: E402  (beside this script)
 from gpu_text import text_on_device  # noqa: E402  (beside this script)
@@ -435,6 +438,10 @@ def main() -> int:
         "token classification, embeddings, reranking, a Hugging Face image classifier, masks and keypoints on the "
         "device",
         lambda: tasks_on_device(args.out / "tasks", device, text_seconds, text_rounds, args.dry_run_cpu),
+    )
+    report.run(
+        "a fine-tuned language model exported, served and measured on the device (and vLLM where installed)",
+        lambda: generation_on_device(args.out / "generation", device, text_seconds, text_rounds),
     )
     passed = all(s.ok for s in report.steps)
     print(f"gpu_check: {sum(s.ok for s in report.steps)}/{len(report.steps)} steps passed; {report.path}")

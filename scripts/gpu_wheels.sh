@@ -23,7 +23,8 @@ trap 'rm -rf "$staging"' EXIT
 python3 -m pip download --quiet --dest "$staging" --only-binary=:all: --implementation cp --python-version 3.12 \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any "bentoml==1.4.40" onnxruntime-gpu httpx "uvicorn==0.54.0" "orjson>=3.9" "httptools>=0.6,<1" \
-  "transformers>=4.46,<6" tokenizers  # the Hugging Face step (scripts/gpu_text.py): not in the image
+  "transformers>=4.46,<6" tokenizers \
+  "onnxruntime-genai-cuda==0.18.0" jinja2  # the Hugging Face steps (scripts/gpu_text.py, gpu_generation.py)
 
 # Leave out what the image holds; keep the wheels of everything else.
 mkdir -p "$staging/keep"

@@ -108,8 +108,10 @@ def generate(
     sampling: Sampling,
     cancelled: threading.Event,
     put: Callable[[Piece], None],
+    between_tokens: Callable[[], None] = lambda: None,
 ) -> None:
-    """One generation on `model`, its text given to `put` as it comes, the last piece with its finish reason."""
+    """One generation on `model`, its text given to `put` as it comes, the last piece with its finish reason;
+    `between_tokens` is called before each token."""
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(model)
@@ -143,6 +145,7 @@ def generate(
         if generator.is_done():
             put(Piece(stops.flush(), "length", tokens))
             return
+        between_tokens()
         generator.generate_next_token()
         token = int(generator.get_next_tokens()[0])
         tokens += 1

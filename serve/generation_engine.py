@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import queue
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -48,8 +48,12 @@ class GenerationEngine:
         context = multiprocessing.get_context("spawn")
         self.conn, theirs = context.Pipe()
         tokenizer_json = read_artifact(folder, manifest, TOKENIZER)
+        # generations asked for (written here only) and past their first token (written by the engine only): while
+        # the first is ahead, running generations let a new one have the GIL between their tokens
+        self.asked, past_first = context.Value("q", 0, lock=False), context.Value("q", 0, lock=False)
         with verified_copy(folder, manifest) as private:
-            arguments = (theirs, str(private), device, tokenizer_json, manifest["generation"], limit)
+            counters = (self.asked, past_first)
+            arguments = (theirs, str(private), device, tokenizer_json, manifest["generation"], limit, counters)
             self.process = context.Process(target=engine_main, args=arguments, name="handoff-generation", daemon=True)
             self.process.start()
             theirs.close()
@@ -105,6 +109,7 @@ class GenerationEngine:
         ident, self._next_id = self._next_id, self._next_id + 1
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._targets[ident] = (asyncio.get_running_loop(), queue)
+        self.asked.value += 1
         self._send("start", ident, prompt, asdict(sampling))
         return Generation(self, ident, queue)
 
@@ -203,8 +208,12 @@ class Generations:
         return self.engine.start(prompt, sampling)
 
 
-def engine_main(conn: Any, private: str, device: str, tokenizer_json: bytes, entry: dict[str, Any], limit: int) -> None:
+def engine_main(
+    conn: Any, private: str, device: str, tokenizer_json: bytes, entry: dict[str, Any], limit: int, counters: Any
+) -> None:
     """The engine process: load the model, then run each generation asked for on a thread of its own."""
+    asked, past_first = counters
+    counting = threading.Lock()
     handler = logging.StreamHandler(sys.stderr)  # the serving process's log, which `bentoml serve` shows
     handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] [generation] %(message)s"))
     log.addHandler(handler)
@@ -218,35 +227,53 @@ def engine_main(conn: Any, private: str, device: str, tokenizer_json: bytes, ent
     settings = GenerationSettings.from_manifest(entry)
     tokenizer = PromptTokenizer(tokenizer_json, settings)
     running: dict[int, threading.Event] = {}
-    outbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+    waiting: list[tuple[Any, ...]] = []
+    waiting_lock, sending = threading.Lock(), threading.Lock()
 
     def send(*message: Any) -> None:
-        outbox.put(message)
-
-    def sender() -> None:
-        """Everything that waits, in one message: when many generations run, one pipe write carries a token of
-        each (and the serving process wakes once for them), when one runs, each token goes at once."""
-        while True:
-            batch = [outbox.get()]
-            while not outbox.empty():
-                batch.append(outbox.get_nowait())
+        """Everything waiting, in one pipe write, by whichever generation thread finds the pipe free: when many
+        run, one write carries a token of each (and the serving process wakes once for them); when one runs, each
+        token goes at once. No thread of its own: one would wait for the GIL behind the generations."""
+        with waiting_lock:
+            waiting.append(message)
+        while waiting and sending.acquire(blocking=False):
             try:
-                conn.send(batch)
-            except OSError:
-                return  # the serving process is gone
+                with waiting_lock:
+                    batch = waiting[:]
+                    waiting.clear()
+                if batch:
+                    conn.send(batch)
+            finally:
+                sending.release()  # then `waiting` is looked at again: what came meanwhile is not left behind
 
-    threading.Thread(target=sender, name="handoff-generation-sender", daemon=True).start()
+    def let_a_new_one_start() -> None:
+        """The GIL let go between tokens while a generation asked for has not given its first token (ONNX Runtime
+        GenAI keeps the GIL while it computes, and a thread that waits for it is not first in line): its start is
+        not queued behind every running generation's tokens. Otherwise the running ones keep it."""
+        if asked.value > past_first.value:
+            time.sleep(0)
 
     def run(ident: int, prompt: list[int], sampling: Sampling, cancelled: threading.Event) -> None:
+        first = True
+
+        def past_its_first() -> None:
+            nonlocal first
+            if first:
+                first = False
+                with counting:
+                    past_first.value += 1
+
         def put(piece: Piece) -> None:
+            past_its_first()
             send("piece", ident, piece.text, piece.finish_reason, piece.completion_tokens)
 
         try:
-            generate(model, tokenizer, settings.eos_token_ids, prompt, sampling, cancelled, put)
+            generate(model, tokenizer, settings.eos_token_ids, prompt, sampling, cancelled, put, let_a_new_one_start)
         except Exception as err:  # noqa: BLE001 - the request's error, not the engine's end
             log.exception("generation %d failed", ident)
             send("error", ident, f"{type(err).__name__}: {err}")
         finally:
+            past_its_first()
             running.pop(ident, None)
 
     with ThreadPoolExecutor(limit, thread_name_prefix="handoff-generate") as pool:

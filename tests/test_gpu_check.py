@@ -21,6 +21,7 @@ STEPS = [
     "a Hugging Face text classifier exported, served and measured on the device",
     "a detector and a segmenter exported, served and measured on the device",
     "token classification, embeddings, reranking, a Hugging Face image classifier, masks and keypoints on the device",
+    "a fine-tuned language model exported, served and measured on the device (and vLLM where installed)",
 ]
 
 

@@ -21,7 +21,14 @@ from typing import Any
 from contract.generation import GENERATION_TEMPLATE_SCRATCH, GenerationSettings, PromptTokenizer
 from contract.manifest import new_tensor_manifest
 from contract.signature import TASK_TEXT_GENERATION, Signature, TensorSpec
-from export.genai_model import GENAI_ARCHITECTURES, GENAI_FOLDER, build_genai, checkpoint_dtype, write_hf_folder
+from export.genai_model import (
+    GENAI_ARCHITECTURES,
+    GENAI_FOLDER,
+    build_genai,
+    checkpoint_dtype,
+    genai_precision,
+    write_hf_folder,
+)
 from export.generation_parity import compare_generation, decode_check, parity_prompts
 from export.hf_text import load_hf_text, training_tokenizer
 from export.job import Job, log_loading, origin_fields
@@ -82,7 +89,7 @@ def generation_job(request: ExportRequest) -> Job:
             files = write_hf_folder(loaded.model, tokenizer, generation_config, dtype, out)
         with timed(manifest["timings"], "genai"):
             files += build_genai(out, request.device.type)
-        manifest["genai"] = {"folder": GENAI_FOLDER, "precision": "fp16" if request.device.type == "cuda" else "fp32"}
+        manifest["genai"] = {"folder": GENAI_FOLDER, "precision": genai_precision(request.device.type)}
         with timed(manifest["timings"], "parity"):
             manifest["parity"] = _parity(out, loaded.model, tokenizer, settings, own_prompts, request)
         return close_manifest(manifest, out, files)
@@ -162,7 +169,8 @@ def _parity(
     out: Path, model: Any, tokenizer: Any, settings: GenerationSettings, own: list[Any], request: ExportRequest
 ) -> dict[str, Any]:
     """The parity block: the served tokenizer's checks, then greedy generations and logits against transformers."""
-    tol = tolerance_of(request.args)
+    precision = genai_precision(request.device.type)
+    tol = tolerance_of(request.args, precision)
     served = PromptTokenizer((out / "hf" / "tokenizer.json").read_bytes(), settings)
     prompts, checks = parity_prompts(tokenizer, served, own)
     checks.append(decode_check(tokenizer, served, prompts))
@@ -179,7 +187,7 @@ def _parity(
             f"tokens compared, {generated.near_ties} near-tie(s), logits within {generated.max_logit_diff:.1e}"
         ],
         "device": str(request.device),
-        "precision": {"policy": "fp32", **pin_precision()},
+        "precision": {"policy": f"{precision} GenAI model vs fp32 eager", **pin_precision()},
         "tolerance": {"atol": tol.atol, "rtol": tol.rtol},
         "generation": generated.__dict__,
         "not_checked": None if generated.tokens_compared else "no token was generated to compare",
