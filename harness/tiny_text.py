@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +51,19 @@ def wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int, segm
 def shared_wordpiece_tokenizer(
     texts: list[str], vocab_size: int, max_length: int, folder: Path, segments: bool = False
 ) -> Any:
-    """`wordpiece_tokenizer`, made once by rank 0 of a torchrun job and read by every rank from `folder`: the
-    tokenizers library's trainer breaks ties in its own hash order, so two processes can learn vocabularies of
+    """`wordpiece_tokenizer`, made once by rank 0 of a torchrun job and read by every rank from `folder`."""
+    return made_by_rank_0(lambda: wordpiece_tokenizer(texts, vocab_size, max_length, segments), folder)
+
+
+def made_by_rank_0(make: Callable[[], Any], folder: Path) -> Any:
+    """The tokenizer `make` gives, made by rank 0 of a torchrun job and read by every rank from `folder`: the
+    tokenizers library's trainers break ties in their own hash order, so two processes can learn vocabularies of
     different sizes, and DDP then refuses embeddings whose shapes differ."""
     import transformers
 
     if int(os.environ.get("RANK", "0")) == 0:
         staging = folder.with_name(folder.name + ".tmp")
-        wordpiece_tokenizer(texts, vocab_size, max_length, segments).save_pretrained(staging)
+        make().save_pretrained(staging)
         staging.rename(folder)
     deadline = time.monotonic() + 120
     while not folder.is_dir():
