@@ -159,3 +159,11 @@ class TextStream:
             return ""
         self.prefix, self.read = self.read, len(self.ids)
         return now[len(before) :]
+
+    def flush(self) -> str:
+        """What is still held at the end (a character whose bytes never all came: U+FFFD, as transformers decodes
+        it)."""
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        rest = self.tokenizer.decode(self.ids[self.prefix :])[len(before) :]
+        self.prefix = self.read = len(self.ids)
+        return rest

@@ -105,8 +105,25 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def _listed(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    """The manifest's entry for artifact `name`; ManifestError for a file it does not list."""
+    listed = manifest.get("artifacts") or {}
+    if name not in listed:
+        raise ManifestError(
+            f"{name}: not listed in the manifest (this export was made without it, or the file "
+            f"was put there afterwards); listed: {', '.join(sorted(listed)) or 'nothing'}"
+        )
+    return dict(listed[name])
+
+
 def _read_regular_file(path: Path) -> bytes:
     """The bytes of `path`, refusing a symlink (O_NOFOLLOW) or anything but a regular file."""
+    with os.fdopen(_open_regular(path), "rb") as f:
+        return f.read()
+
+
+def _open_regular(path: Path) -> int:
+    """A descriptor of `path` open for reading, refusing a symlink (O_NOFOLLOW) or anything but a regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -118,8 +135,7 @@ def _read_regular_file(path: Path) -> bytes:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ManifestError(f"{path.name}: not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+    return fd
 
 
 def read_manifest_unchecked(folder: Path) -> dict[str, Any]:
@@ -169,6 +185,20 @@ def is_export_folder(folder: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
 
 
+def copy_artifact(folder: Path, manifest: dict[str, Any], name: str, dest: Path, chunk: int = 1 << 24) -> None:
+    """Artifact `name` copied to `dest` a chunk at a time (a model of gigabytes is never held whole), hashed on the
+    way and checked against the manifest; `dest` is removed and ManifestError raised where it differs."""
+    expected = _listed(manifest, name)["sha256"]
+    digest = hashlib.sha256()
+    with os.fdopen(_open_regular(Path(folder) / name), "rb") as source, open(dest, "wb") as out:
+        while block := source.read(chunk):
+            digest.update(block)
+            out.write(block)
+    if digest.hexdigest() != expected:
+        dest.unlink()
+        raise ManifestError(f"{name}: sha256 {digest.hexdigest()[:12]}… does not match the manifest's {expected[:12]}…")
+
+
 def read_artifact(folder: Path, manifest: dict[str, Any], name: str) -> bytes:
     """The bytes of artifact `name`, read once and checked against the manifest's sha256.
 
@@ -176,16 +206,9 @@ def read_artifact(folder: Path, manifest: dict[str, Any], name: str) -> bytes:
     and the load. An artifact the manifest does not list is refused: a file dropped into the folder
     later (or left by an export of other formats) is never served.
     """
-    listed = manifest.get("artifacts") or {}
-    if name not in listed:
-        raise ManifestError(
-            f"{name}: not listed in the manifest (this export was made without it, or the file "
-            f"was put there afterwards); listed: {', '.join(sorted(listed)) or 'nothing'}"
-        )
+    expected = _listed(manifest, name)["sha256"]
     data = _read_regular_file(Path(folder) / name)
     actual = hashlib.sha256(data).hexdigest()
-    if actual != listed[name]["sha256"]:
-        raise ManifestError(
-            f"{name}: sha256 {actual[:12]}… does not match the manifest's {listed[name]['sha256'][:12]}…"
-        )
+    if actual != expected:
+        raise ManifestError(f"{name}: sha256 {actual[:12]}… does not match the manifest's {expected[:12]}…")
     return data

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import generation_serving  # noqa: E402
 from bench.results import result_path  # noqa: E402
+from bench.workload import workload_name  # noqa: E402
 from contract.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer, ScriptServer  # noqa: E402
 
@@ -86,5 +87,5 @@ def generation_on_device(out: Path, device: str, seconds: float, rounds: int) ->
     (out / "generation_serving.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"python -m bench generation_serving failed ({done.returncode}): {done.stderr[-500:]}")
-    result = json.loads(result_path("generation_serving", device, folder.name.removesuffix(".export"), out).read_text())
+    result = json.loads(result_path("generation_serving", device, workload_name(folder), out).read_text())
     return details | {"ratios": result["ratios"]}

@@ -24,20 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from contract.generation import PromptTokenizer, TextStream
-from contract.manifest import read_artifact
+from contract.manifest import copy_artifact
 
 log = logging.getLogger("bentoml.handoff")
 
 
 @contextmanager
 def verified_copy(folder: Path, manifest: dict[str, Any]) -> Iterator[Path]:
-    """The export's `genai/` files, each read through the manifest's hash, in a private folder (0700) that is
+    """The export's `genai/` files, each copied through the manifest's hash, in a private folder (0700) that is
     removed on exit: what ONNX Runtime GenAI opens is what was checked, whatever happens to the export folder."""
     genai = (manifest.get("genai") or {}).get("folder", "genai")
     private = Path(tempfile.mkdtemp(prefix="handoff-genai-"))
     try:
         for name in sorted(n for n in manifest["artifacts"] if n.startswith(f"{genai}/")):
-            (private / name[len(genai) + 1 :]).write_bytes(read_artifact(folder, manifest, name))
+            copy_artifact(folder, manifest, name, private / name[len(genai) + 1 :])
         yield private
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -137,30 +137,33 @@ def generate(
     text = TextStream(tokenizer)
     stops = StopStrings(sampling.stop)
     tokens = 0
+
+    def finish(reason: str) -> None:
+        """The last piece: what the text and the stop strings still hold (a stop string met in it ends it there)."""
+        ready, stopped = stops.add(text.flush())
+        put(Piece(ready if stopped else ready + stops.flush(), "stop" if stopped else reason, tokens))
+
     while True:
         if cancelled.is_set():
             log.info("generation stopped: the client left after %d tokens", tokens)
             put(Piece("", "abort", tokens))  # vLLM's reason; whoever still waits ends
             return
         if generator.is_done():
-            put(Piece(stops.flush(), "length", tokens))
-            return
+            return finish("length")
         between_tokens()
         generator.generate_next_token()
         token = int(generator.get_next_tokens()[0])
         tokens += 1
         if token in eos:
-            put(Piece(stops.flush(), "stop", tokens))
-            return
+            return finish("stop")
         ready, stopped = stops.add(text.add(token))
         if stopped:
             put(Piece(ready, "stop", tokens))
             return
-        if tokens >= sampling.max_tokens:
-            put(Piece(ready + stops.flush(), "length", tokens))
-            return
         if ready:
             put(Piece(ready))
+        if tokens >= sampling.max_tokens:
+            return finish("length")
 
 
 class StopStrings:

@@ -102,6 +102,44 @@ def test_an_fsdp2_dcp_folder_exports_its_model_keys_only(language_fsdp2_run: Pat
     assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in expected)
 
 
+def test_a_model_that_is_not_the_checkpoints_fails_parity(language_run: Path, reference):
+    """The proof compares something: the exported GenAI model against an eager model one weight away from the
+    checkpoint's (the lm_head's bias of one token raised) fails, on greedy ids or logits."""
+    from export.generation_parity import CHATS as PARITY_CHATS
+    from export.generation_parity import Prompt, compare_generation
+    from export.parity import DEFAULT_TOLERANCES
+
+    _, tokenizer = reference
+    wrong = transformers.AutoModelForCausalLM.from_pretrained(language_run / "checkpoint-40").eval()
+    with torch.no_grad():
+        wrong.lm_head.weight[tokenizer.convert_tokens_to_ids("<|im_end|>")] *= 1.01
+    ids = tokenizer.apply_chat_template(
+        PARITY_CHATS[1][1], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    genai = language_run / "checkpoint-40.export" / "genai"
+    _, checks = compare_generation(wrong, genai, [Prompt("a question", ids)], [4, 1], 2, 16, DEFAULT_TOLERANCES["fp32"])
+    assert checks and all(reason is not None for _, reason in checks), checks
+    assert "logits differ" in checks[0][1]
+
+
+def test_a_changed_model_file_is_never_served(language_run: Path, tmp_path: Path):
+    export = tmp_path / "export"
+    shutil.copytree(language_run / "checkpoint-40.export", export)
+    data = export / "genai" / "model.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(export)) as server:
+        server.wait_live()
+        for _ in range(100):
+            info = httpx.get(server.url + "/info").json()
+            if "reason" in info:
+                break
+            time.sleep(0.1)
+        assert server.status("/readyz") == 503
+        assert "genai/model.onnx.data: sha256" in info["reason"] and "does not match the manifest" in info["reason"]
+
+
 def test_chat_completions_equal_transformers_greedy(server, reference):
     _, tokenizer = reference
     for chat in CHATS:

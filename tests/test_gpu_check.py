@@ -67,9 +67,13 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     images = steps["a detector and a segmenter exported, served and measured on the device"]
     detector, segmenter = images["fasterrcnn_mobilenet_v3_large_320_fpn"], images["lraspp_mobilenet_v3_large"]
     assert detector["parity"] and detector["matched"] > 0 and segmenter["pixels_equal"] >= 0.999
-    tasks = steps[STEPS[-1]]
+    tasks = steps[STEPS[-2]]
     assert set(tasks) == {"tokens", "embed", "rerank", "hf-image"}  # the R-CNNs on a GPU
     assert all(task["parity"] == {"model.onnx": True} for task in tasks.values()), tasks
     assert tasks["rerank"]["ours_over_limit_c64"] > 0, tasks
     assert tasks["hf-image"]["task"] == "image-classification" and tasks["rerank"]["task"] == "text-ranking"
+    generation = steps[STEPS[-1]]
+    assert generation["served_device"] == "cpu" and generation["genai"]["precision"] == "fp32"
+    assert generation["handoff_equals_transformers"] and generation["parity"]["tokens_compared"] > 0, generation
+    assert generation["vllm"] == "not installed" and generation["ratios"]["ours_over_limit_c16"] > 0
     assert (out / "gpu_check.log").read_text().count("===") == 2 * len(STEPS)

@@ -50,6 +50,17 @@ def test_incremental_decoding_gives_the_whole_text(tokenizers_json: bytes, text:
     assert not any("\ufffd" in piece for piece in pieces)  # a split character waits for its other bytes
 
 
+def test_a_character_cut_off_at_the_end_is_given_as_transformers_decodes_it(tokenizers_json: bytes):
+    """Generation may stop inside a character (its last bytes never come): the text held back is given at the end,
+    U+FFFD as the whole decode has it."""
+    served = PromptTokenizer(tokenizers_json, settings())
+    ids = served.tokenizer.encode("emoji 🙂", add_special_tokens=False).ids
+    cut = next(n for n in range(len(ids), 0, -1) if served.decode(ids[:n]).endswith("\ufffd"))
+    stream = TextStream(served)
+    text = "".join(stream.add(token) for token in ids[:cut]) + stream.flush()
+    assert text == served.decode(ids[:cut]) and text.endswith("\ufffd")
+
+
 def test_the_template_renders_as_transformers_renders_it(tokenizers_json: bytes):
     served = PromptTokenizer(tokenizers_json, settings())
     reference = transformers.PreTrainedTokenizerFast(
