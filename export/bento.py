@@ -18,6 +18,6 @@ def register(folder: Path, manifest: dict[str, Any], name: str = DEFAULT_NAME) -
         labels["num_classes"] = str(manifest["num_classes"])
     metadata = {"manifest_format": manifest["format"], "source_sha256": manifest["source"]["sha256"]}
     with bentoml.models.create(name, labels=labels, metadata=metadata) as model:
-        for item in folder.iterdir():
-            shutil.copy2(item, Path(model.path) / item.name)
+        for item in folder.iterdir():  # a language model's export holds folders (hf/, genai/)
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, Path(model.path) / item.name)
     return str(model.tag)

@@ -331,11 +331,12 @@ def token_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
 def language_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny Llama chat model fine-tuned by Hugging Face's Trainer under torchrun (tests/fixtures/
     hf_causal_trainer.py), its checkpoint-40 exported with no flags (checkpoint-40.export) and rank 0's DDP
-    state_dict with --hf-config (ddp_state.export)."""
+    state_dict with --hf-config and the user's own parity prompts (ddp_state.export)."""
     shared = run_wide_folder(tmp_path_factory, worker_id)
     exports = [
         ["{run}/checkpoint-40"],
-        ["{run}/ddp_state.pt", "--hf-config", "{run}/base", "--out", "{run}/ddp_state.export"],
+        ["{run}/ddp_state.pt", "--hf-config", "{run}/base", "--out", "{run}/ddp_state.export"]
+        + ["--prompts", "{run}/prompts.json"],
     ]
     return _trained_and_exported(shared, "language_run", "hf_causal_trainer.py", exports)
 

@@ -276,3 +276,29 @@ def test_a_bento_built_from_a_text_export_answers_a_text(bento, text_run, tmp_pa
 def _packages(requirements: str) -> list[str]:
     """The names a requirements file pins, without their versions."""
     return sorted(line.split("==")[0].strip().lower() for line in requirements.splitlines() if "==" in line)
+
+
+def test_a_bento_built_from_a_language_model_answers_a_chat(bento, language_run, tmp_path):
+    """The Trainer's checkpoint of a language model exported into the store (its folders too) and built into a
+    Bento: the Bento's environment (no torch, no transformers) answers a chat as transformers' greedy generate."""
+    import torch
+    import transformers
+
+    env = {**os.environ, "BENTOML_HOME": str(bento["home"]), "HANDOFF_MODEL_NAME": "handoff-llm"}
+    command = [sys.executable, "-m", "export", str(language_run / "checkpoint-40"), "--out", str(tmp_path / "llm")]
+    done = subprocess.run([*command, "--name", "handoff-llm"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tag = build_bento(env)
+    chat = [{"role": "user", "content": "What comes after five?"}]
+    model = transformers.AutoModelForCausalLM.from_pretrained(language_run / "checkpoint-40").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(language_run / "checkpoint-40")
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)
+    expected = tokenizer.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
+    with serve_bento({**bento, "tag": tag}, tmp_path / "bento.log", HANDOFF_MODEL_NAME="handoff-llm") as srv:
+        srv.wait_ready()
+        body = {"messages": chat, "temperature": 0, "max_tokens": 20}
+        answer = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == expected

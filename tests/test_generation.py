@@ -6,6 +6,7 @@ saw; streaming, stop strings, seeds, the context's limit, the cap on generations
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
@@ -57,7 +58,7 @@ def greedy(reference, ids: list[int], max_new_tokens: int) -> tuple[str, int, st
 @pytest.fixture(scope="module")
 def server(language_run: Path, tmp_path_factory):
     log = tmp_path_factory.mktemp("generation") / "serve.log"
-    with Server(log, HANDOFF_MODEL_DIR=str(language_run / "checkpoint-40.export"), HANDOFF_MAX_GENERATIONS="1") as srv:
+    with Server(log, HANDOFF_MODEL_DIR=str(language_run / "checkpoint-40.export"), HANDOFF_MAX_GENERATIONS="3") as srv:
         srv.wait_ready()
         yield srv
 
@@ -87,6 +88,9 @@ def test_the_consolidated_folder_is_the_checkpoint(language_run: Path):
     assert transformers.AutoTokenizer.from_pretrained(export / "hf").chat_template is not None
     from_ddp = load_file(language_run / "ddp_state.export" / "hf" / "model.safetensors")
     assert all(torch.equal(from_ddp[k], trained[k]) for k in trained)  # rank 0's state_dict after the last step
+    checks = read_manifest_unchecked(language_run / "ddp_state.export")["parity"]["generation_checks"]
+    yours = [c for c in checks if "yours" in c["check"]]  # --prompts: a completion and a chat, each tokenized
+    assert len(yours) == 2 + 2 * 2 and all(c["pass"] for c in yours)  # and generated to eos and past it
 
 
 @pytest.mark.parametrize("layout", ["recipe", "torchtitan"])
@@ -228,28 +232,50 @@ def test_a_chat_the_template_refuses_is_a_400(server):
     assert httpx.get(server.url + "/v1/models").json()["data"][0]["max_model_len"] == 4096
 
 
-def test_one_generation_at_a_time_refuses_the_next_and_a_client_that_leaves_stops_its_own(server):
-    """HANDOFF_MAX_GENERATIONS=1: while a long generation streams, another request is a 429 with Retry-After;
-    the first client leaving stops its generation (the log says after how many of its 4000 tokens)."""
+def test_generations_at_once_each_answer_as_alone(server, reference):
+    """HANDOFF_MAX_GENERATIONS=3: three chats at once on the one model, each answered as transformers answers it."""
+    _, tokenizer = reference
+    prompts = [
+        tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False) for c in CHATS
+    ]
+    expected = [greedy(reference, ids, 40)[0] for ids in prompts]
+
+    async def together() -> list[str]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            bodies = [{"messages": chat, "temperature": 0, "max_tokens": 40} for chat in CHATS]
+            answers = await asyncio.gather(*(client.post(server.url + "/v1/chat/completions", json=b) for b in bodies))
+        return [a.json()["choices"][0]["message"]["content"] for a in answers]
+
+    assert asyncio.run(together()) == expected
+
+
+def test_past_the_cap_is_a_429_and_clients_that_leave_stop_their_generations(server):
+    """HANDOFF_MAX_GENERATIONS=3: while three long generations stream, another request is a 429 with Retry-After;
+    the clients leaving stop their generations (the log says after how many of their 4000 tokens)."""
+    before = server.log.read_text().count("the client left after")
 
     async def scenario() -> None:
         long = {"prompt": "After", "max_tokens": 4000, "min_tokens": 4000, "stream": True}
-        async with httpx.AsyncClient(timeout=30) as client:
-            async with client.stream("POST", server.url + "/v1/completions", json=long) as first:
-                lines = first.aiter_lines()
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+            for _ in range(3):
+                stream = await stack.enter_async_context(
+                    client.stream("POST", server.url + "/v1/completions", json=long)
+                )
+                lines = stream.aiter_lines()
                 while not (await anext(lines)).startswith("data: "):
                     pass
-                second = await client.post(server.url + "/v1/completions", json={"prompt": "After", "max_tokens": 2})
-                assert second.status_code == 429 and second.headers["retry-after"] == "1"
-                assert "HANDOFF_MAX_GENERATIONS" in second.json()["error"]["message"]
-        # the first connection is closed here, mid-generation
+            more = await client.post(server.url + "/v1/completions", json={"prompt": "After", "max_tokens": 2})
+            assert more.status_code == 429 and more.headers["retry-after"] == "1"
+            assert "HANDOFF_MAX_GENERATIONS" in more.json()["error"]["message"]
+        # the three connections are closed here, mid-generation
         for _ in range(100):
             await asyncio.sleep(0.1)
-            if "generation stopped: the client left after" in server.log.read_text():
+            if server.log.read_text().count("the client left after") >= before + 3:
                 break
-        said = [line for line in server.log.read_text().splitlines() if "the client left after" in line]
-        assert said and int(said[-1].split("after ")[1].split()[0]) < 4000
-        async with httpx.AsyncClient(timeout=30) as client:  # the slot is free again
+        said = [line for line in server.log.read_text().splitlines() if "the client left after" in line][before:]
+        assert len(said) == 3 and all(int(line.split("after ")[1].split()[0]) < 4000 for line in said)
+        async with httpx.AsyncClient(timeout=30) as client:  # the slots are free again
             again = await client.post(server.url + "/v1/completions", json={"prompt": "After", "max_tokens": 2})
             assert again.status_code == 200
 
