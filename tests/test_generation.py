@@ -258,12 +258,13 @@ def test_past_the_cap_is_a_429_and_clients_that_leave_stop_their_generations(ser
         long = {"prompt": "After", "max_tokens": 4000, "min_tokens": 4000, "stream": True}
         async with contextlib.AsyncExitStack() as stack:
             client = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+            readers = []  # kept: a line iterator dropped closes its response, and so its connection
             for _ in range(3):
                 stream = await stack.enter_async_context(
                     client.stream("POST", server.url + "/v1/completions", json=long)
                 )
-                lines = stream.aiter_lines()
-                while not (await anext(lines)).startswith("data: "):
+                readers.append(stream.aiter_lines())
+                while not (await anext(readers[-1])).startswith("data: "):
                     pass
             more = await client.post(server.url + "/v1/completions", json={"prompt": "After", "max_tokens": 2})
             assert more.status_code == 429 and more.headers["retry-after"] == "1"
