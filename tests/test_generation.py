@@ -144,6 +144,37 @@ def test_a_changed_model_file_is_never_served(language_run: Path, tmp_path: Path
         assert "genai/model.onnx.data: sha256" in info["reason"] and "does not match the manifest" in info["reason"]
 
 
+def test_a_lora_adapter_is_merged_into_its_base(language_run: Path, tmp_path: Path):
+    """A PEFT LoRA adapter of the language model (its folder naming the base) exports with no flags: the consolidated
+    weights are PEFT's merge_and_unload's, and parity passes on the merged model."""
+    import peft
+
+    base = tmp_path / "base"
+    shutil.copytree(language_run / "checkpoint-40", base, ignore=shutil.ignore_patterns("optimizer.pt", "rng_*"))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base)
+    lora = peft.LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    adapted = peft.get_peft_model(model, lora)
+    with torch.no_grad():
+        for name, weight in adapted.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(0, 0.05)  # as after training: an adapter that changes the model
+    adapted.peft_config["default"].base_model_name_or_path = str(base)
+    adapted.save_pretrained(tmp_path / "adapter")
+    transformers.AutoTokenizer.from_pretrained(base).save_pretrained(tmp_path / "adapter")
+    done = run(
+        [sys.executable, "-m", "export", str(tmp_path / "adapter"), "--no-bento", "--out", str(tmp_path / "out")]
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = read_manifest_unchecked(tmp_path / "out")
+    assert manifest["status"] == "passed" and manifest["provenance"]["adapter"]
+    merged = adapted.merge_and_unload().state_dict()
+    saved = load_file(tmp_path / "out" / "hf" / "model.safetensors")
+    assert all(torch.allclose(saved[k], merged[k], atol=1e-6) for k in saved)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(saved[q], load_file(base / "model.safetensors")[q])  # the adapter is in it
+
+
 def test_chat_completions_equal_transformers_greedy(server, reference):
     _, tokenizer = reference
     for chat in CHATS:
