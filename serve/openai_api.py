@@ -1,12 +1,11 @@
 """OpenAI's completions and chat completions, as vLLM's OpenAI-compatible server takes and answers them: the request
-bodies checked (`ChatRequest`, `CompletionRequest`), the answers and the server-sent events' chunks built, and the
-error body (`{"error": {"message", "type", "param", "code"}}`).
+bodies checked (`parse_common`, `parse_messages`, `parse_prompt`), the answers and the server-sent events' chunks
+built (`Reply`), and the error body (`{"error": {"message", "type", "param", "code"}}`).
 
 Taken: `model` (this model's name, or left out), `max_tokens` (`max_completion_tokens` too), vLLM's `min_tokens`,
-`temperature`,
-`top_p`, `top_k`, `seed`, `stop` (a string or up to 4), `stream`, `stream_options.include_usage`, `n` = 1. A
-parameter that would change the answer and is not implemented (`logprobs`, `n` > 1, tools, `response_format`, ...)
-is a 400 that names it, never ignored.
+`temperature`, `top_p`, `top_k`, `seed`, `stop` (a string or up to 4, each at most 200 characters), `stream`,
+`stream_options.include_usage`, `n` = 1. A parameter that would change the answer and is not implemented
+(`logprobs`, `n` > 1, tools, `response_format`, ...) is a 400 that names it, never ignored.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from contract.generation import Message
 
 ROLES = ("system", "user", "assistant", "developer")
 MAX_STOPS = 4
+MAX_STOP_CHARS = 200
 # Fields a client may send that change nothing here (OpenAI's bookkeeping, penalties at their neutral value)
 IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "model"}
 NEUTRAL = {
@@ -91,6 +91,8 @@ def parse_common(body: Any, model_name: str, prompt_field: str) -> Common:
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) for s in stops):
         raise ClientError(f"stop: a string or a list of up to {MAX_STOPS} strings")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):  # each token's text is matched against every stop's prefixes
+        raise ClientError(f"stop: each at most {MAX_STOP_CHARS} characters")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ClientError("stream: true or false")

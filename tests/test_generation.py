@@ -243,6 +243,7 @@ def test_stop_strings_end_the_text_before_them_and_seeds_repeat(server, referenc
     ("body", "status", "says"),
     [
         ({"prompt": "After " * 5000, "max_tokens": 5}, 400, "maximum context length is 4096 tokens"),
+        ({"prompt": "x" * 100_001}, 413, "past HANDOFF_MAX_TEXT_CHARS"),
         ({"prompt": "After", "max_tokens": 5000}, 400, "you requested 5002 tokens (2 in the prompt"),
         ({"prompt": "After", "n": 2}, 400, "n=2"),
         ({"prompt": "After", "logit_bias": {"1": 5}}, 400, "logit_bias: not supported"),
@@ -327,6 +328,13 @@ def _config(folder: Path, **changes) -> None:
     (folder / "config.json").write_text(json.dumps(config | changes))
 
 
+def _without_eos(folder: Path) -> None:
+    (folder / "generation_config.json").unlink()
+    _config(folder, eos_token_id=None)
+    tokenizer = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer | {"eos_token": None}))
+
+
 @pytest.mark.parametrize(
     ("edit", "says"),
     [
@@ -341,8 +349,9 @@ def _config(folder: Path, **changes) -> None:
             lambda f: (f / "generation_config.json").write_text(json.dumps({"eos_token_id": [1]})),
             "ends an assistant's turn with '<|im_end|>' (id 4), which is not one of the eos ids [1]",
         ),
+        (_without_eos, "no eos token id (generation_config.json, config.json or the tokenizer)"),
     ],
-    ids=["architecture", "remote-code", "quantized", "no-tokenizer", "turn-end-not-eos"],
+    ids=["architecture", "remote-code", "quantized", "no-tokenizer", "turn-end-not-eos", "no-eos"],
 )
 def test_what_cannot_be_served_is_refused_in_one_line(language_run: Path, tmp_path: Path, edit, says):
     folder = _edited(language_run, tmp_path, edit)

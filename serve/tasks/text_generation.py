@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from contract.errors import ClientError
-from contract.generation import GenerationSettings, PromptTokenizer, TemplateError
+from contract.generation import GenerationSettings, Message, PromptTokenizer, TemplateError
 from contract.manifest import read_artifact
 from contract.signature import TASK_TEXT_GENERATION
 from serve.config import ServeConfig
@@ -84,15 +84,25 @@ class TextGeneration(ServedTask):
     async def _complete(self, chat: bool, request: Incoming) -> Answer:
         body = parse_json(request.body)
         common = parse_common(body, self.config.model_name, "messages" if chat else "prompt")
+        if chat:
+            messages = parse_messages(body)
+            chars = sum(len(str(m["content"])) for m in messages)
+            tokenize: Callable[[], list[int]] = lambda: self._chat_ids(messages)  # noqa: E731
+        else:
+            prompt = parse_prompt(body)
+            chars = len(prompt) if isinstance(prompt, str) else 0  # token ids: the context's check bounds them
+            tokenize = lambda: self._prompt_ids(prompt)  # noqa: E731
+        if chars > self.config.max_text_chars:  # checked before tokenizing: a 20 MB prompt costs seconds of it
+            raise ClientError(f"the prompt holds {chars} characters, past HANDOFF_MAX_TEXT_CHARS", 413)
         self.generations.reserve()
         generation: Generation | None = None
         watcher: asyncio.Task[None] | None = None
         handed_over = False  # a stream ends its generation and releases the slot when it ends
         try:
-            prompt = await self.serving.decoders.run(self._prompt_ids, chat, body)
-            sampling = self.generations.sampling_for(len(prompt), common.max_tokens, **common.options)
-            reply = Reply(chat, self.config.model_name, len(prompt))
-            generation = self.generations.start(prompt, sampling)
+            ids = await self.serving.decoders.run(tokenize)
+            sampling = self.generations.sampling_for(len(ids), common.max_tokens, **common.options)
+            reply = Reply(chat, self.config.model_name, len(ids))
+            generation = self.generations.start(ids, sampling)
             watcher = asyncio.create_task(_watch_disconnect(request.receive, generation))
             if common.stream:
                 handed_over = True
@@ -131,14 +141,16 @@ class TextGeneration(ServedTask):
             watcher.cancel()
             self._end(generation)
 
-    def _prompt_ids(self, chat: bool, body: dict[str, Any]) -> list[int]:
-        """The prompt's token ids, as transformers makes them (in a decoding thread: a template may be slow)."""
+    def _chat_ids(self, messages: list[Message]) -> list[int]:
+        """A chat's token ids, as transformers makes them (in a decoding thread: a template may be slow)."""
         try:
-            if chat:
-                return self.tokenizer.encode_chat(parse_messages(body))
-            prompt = parse_prompt(body)
+            return self.tokenizer.encode_chat(messages)
         except TemplateError as err:
             raise ClientError(str(err)) from None
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A completion prompt's token ids: a text tokenized as transformers does, or ids checked against its vocabulary
+        (in a decoding thread)."""
         if isinstance(prompt, str):
             return self.tokenizer.encode_prompt(prompt)
         vocab = self.generations.vocab_size

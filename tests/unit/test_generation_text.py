@@ -115,6 +115,7 @@ def test_openai_requests_are_checked_before_anything_runs():
         ({"prompt": "x", "temperature": 3}, "temperature=3"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens=0"),
         ({"prompt": "x", "stop": ["a"] * 5}, "up to 4"),
+        ({"prompt": "x", "stop": "a" * 201}, "at most 200 characters"),
         ({"prompt": "x", "tools": []}, "tools: not supported"),
         ({"prompt": "x", "n": 3}, "n=3"),
         ({"prompt": "x", "stream": "yes"}, "stream"),
