@@ -16,11 +16,17 @@ from typing import Any
 
 from starlette.routing import compile_path
 
+from contract.errors import ClientError
 from serve.front_door import BodyRoute, Receive, Scope, query_params
 
 HANDOFF, BENTOML = "handoff", "bentoml"
 ERROR = {"$ref": "#/components/schemas/Error"}
 JSON_OBJECT = {"type": "object"}
+
+
+def plain_error(error: ClientError) -> dict[str, Any]:
+    """handoff's error body: `{"error": "what was wrong"}`."""
+    return {"error": str(error)}
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,10 @@ class Endpoint:
     """the 4xx and 5xx statuses it answers with `{"error": ...}`"""
     documented: bool = True
     """False for a catch-all (the protocol's JSON 404 for any other /v2 path)"""
+    error_body: Callable[[ClientError], dict[str, Any]] = plain_error
+    """how its errors are written, the front door's too: `{"error": "..."}`, or another API's shape (OpenAI's)"""
+    error_schema: dict[str, Any] = field(default_factory=lambda: ERROR)
+    """that body's OpenAPI schema"""
 
 
 def route_matcher(endpoints: list[Endpoint], model_name: str) -> Callable[[str, str], tuple[Endpoint, dict] | None]:
@@ -159,7 +169,7 @@ def openapi_document(
             "responses": {
                 "200": {"description": "OK", "content": {media: {"schema": schema}}},
                 **{
-                    str(s): {"description": "Error", "content": {"application/json": {"schema": ERROR}}}
+                    str(s): {"description": "Error", "content": {"application/json": {"schema": e.error_schema}}}
                     for s in e.errors
                 },
             },

@@ -38,6 +38,24 @@ SAMPLING |= {"stream"}
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
 
 
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": "string", "nullable": True},
+                "code": {"type": "integer"},
+            },
+            "required": ["message", "type", "code"],
+        }
+    },
+    "required": ["error"],
+}
+
+
 def error_body(error: ClientError) -> dict[str, Any]:
     """OpenAI's (and vLLM's) error body for `error`."""
     kind = ERROR_TYPES.get(error.status, "ServiceUnavailableError" if error.status >= 500 else "BadRequestError")

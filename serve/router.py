@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from contract.errors import ClientError
-from serve.endpoint import Answer, Endpoint, Incoming
+from serve.endpoint import Answer, Endpoint, Incoming, plain_error
 from serve.front_door import FrontDoor, Receive, Scope, Send, json_error, query_params, send_json
 from serve.logs import CLIENT_ERROR, client_error_args, printable
 
@@ -48,7 +48,9 @@ class Router:
         try:
             await self._dispatch(scope, receive, send)
         except ClientError as err:  # refused before any handler ran: the access line records it, no line of its own
-            await send_json(send, err.status, {"error": str(err)}, headers=retry_after(err))
+            found = self.match(scope["method"], scope["path"])  # matched again only for a refusal: its route's shape
+            body = found[0].error_body(err) if found is not None else plain_error(err)
+            await send_json(send, err.status, body, headers=retry_after(err))
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = self.match(scope["method"], scope["path"])
@@ -77,7 +79,7 @@ async def _respond(endpoint: Endpoint, incoming: Incoming, send: Send) -> None:
     try:
         answer = await endpoint.handler(incoming)
     except ClientError as err:
-        return await send_client_error(incoming.scope, send, err)
+        return await send_client_error(incoming.scope, send, err, endpoint.error_body)
     await send_answer(send, answer)
 
 
@@ -110,12 +112,14 @@ async def _send_stream(send: Send, answer: Answer) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def send_client_error(scope: Scope, send: Send, error: ClientError) -> None:
-    """`{"error": ...}` with the error's status, logged as one line (INFO for a 4xx, WARNING for a 5xx): a client's
-    mistake is never a traceback."""
+async def send_client_error(
+    scope: Scope, send: Send, error: ClientError, body: Callable[[ClientError], dict[str, Any]] = plain_error
+) -> None:
+    """The error's `body` (`{"error": ...}` unless the route answers another API's) with its status, logged as one
+    line (INFO for a 4xx, WARNING for a 5xx): a client's mistake is never a traceback."""
     line = client_error_args(scope["method"], scope["path"], error.status, error)
     (log.info if error.status < 500 else log.warning)(CLIENT_ERROR, *line)
-    await send_json(send, error.status, {"error": str(error)}, headers=retry_after(error))
+    await send_json(send, error.status, body(error), headers=retry_after(error))
 
 
 def retry_after(error: ClientError) -> list[tuple[bytes, bytes]]:

@@ -17,6 +17,7 @@ from bentoml import get_current_service  # resolved once: `bentoml.get_current_s
 from serve.endpoint import BENTOML, HANDOFF, JSON_OBJECT, Answer, Endpoint, Handler, Incoming, openapi_document
 from serve.front_door import MULTIPART, BodyRoute
 from serve.oip import ProtocolSurface
+from serve.openai_api import ERROR_SCHEMA, error_body
 from serve.page import PAGE, PAGE_HEADERS
 from serve.request_metrics import metrics_page
 from serve.tasks.images import RAW_IMAGE_TYPES
@@ -174,6 +175,8 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             HANDOFF,
             task_route("/v1/models"),
             errors=(404, 503),
+            error_body=error_body,
+            error_schema=ERROR_SCHEMA,
         ),
         Endpoint(
             "POST",
@@ -187,6 +190,8 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             request={"application/json": {"schema": JSON_OBJECT}},
             answer=("application/json", JSON_OBJECT),
             errors=(400, 404, 408, 413, 415, 429, 503),
+            error_body=error_body,
+            error_schema=ERROR_SCHEMA,
         ),
         Endpoint(
             "POST",
@@ -198,6 +203,8 @@ def endpoints(protocol: ProtocolSurface, title: str, version: str) -> list[Endpo
             BodyRoute(frozenset({"application/json"})),
             request={"application/json": {"schema": JSON_OBJECT}},
             errors=(400, 404, 408, 413, 415, 429, 503),
+            error_body=error_body,
+            error_schema=ERROR_SCHEMA,
         ),
         Endpoint(
             "POST",

@@ -258,6 +258,16 @@ def test_wrong_requests_get_openai_error_bodies(server, body, status, says):
     assert r.json()["error"]["code"] == status
 
 
+def test_the_front_doors_refusals_are_openai_error_bodies_too(server):
+    """Refused before the task sees it (a body that is not JSON, one past its size): still OpenAI's body."""
+    r = httpx.post(server.url + "/v1/completions", content=b"After", headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == 415 and r.json()["error"]["message"]
+    r = httpx.post(
+        server.url + "/v1/completions", content=b"{" * 30_000_000, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 413 and r.json()["error"]["type"] == "BadRequestError"
+
+
 def test_a_chat_the_template_refuses_is_a_400(server):
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "robot", "content": "hi"}]})
     assert r.status_code == 400 and "messages[0]" in r.json()["error"]["message"]

@@ -37,7 +37,6 @@ from serve.openai_api import (
     DONE,
     Common,
     Reply,
-    error_body,
     error_event,
     models_list,
     parse_common,
@@ -73,13 +72,10 @@ class TextGeneration(ServedTask):
         self.created = int(time.time())
 
     async def answer(self, route: str, request: Incoming) -> Answer:
-        try:
-            if route == MODELS:
-                return Answer(models_list(self.config.model_name, self.settings.context_length, self.created))
-            return await self._complete(route == CHAT, request)
-        except ClientError as err:
-            headers = () if err.retry_after_s is None else ((b"retry-after", str(err.retry_after_s).encode()),)
-            return Answer(error_body(err), status=err.status, headers=headers)
+        """A route's answer; its errors are written in OpenAI's body by the route table's rows (serve/routes.py)."""
+        if route == MODELS:
+            return Answer(models_list(self.config.model_name, self.settings.context_length, self.created))
+        return await self._complete(route == CHAT, request)
 
     async def _complete(self, chat: bool, request: Incoming) -> Answer:
         body = parse_json(request.body)
