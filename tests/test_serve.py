@@ -614,7 +614,8 @@ def test_unknown_paths_do_not_grow_the_metrics(server):
         assert httpx.get(f"{server.url}/{str(i) * 3000}", timeout=10).status_code == 404
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     # Labels a parallel test's server may add meanwhile are the service's own routes; none may be a junk path.
-    own = {"/", "/info", "/docs.json", "/metrics", "/livez", "/readyz", "/classify", "/predict"}
+    own = {"/", "/info", "/docs.json", "/metrics", "/livez", "/readyz", "/classify", "/predict", "/detect", "/segment"}
+    own |= {"/embed", "/rerank", "/v1/embeddings", "/v1/models", "/v1/chat/completions", "/v1/completions"}
     protocol = re.compile(r"/v2(/health/(live|ready)|/models/\w{1,40}(/versions/1)?(/ready|/config|/infer)?)?")
     grown = {label for label in series() - before - own if not protocol.fullmatch(label)}
     assert grown <= {UNKNOWN}, f"new endpoint labels: {sorted(grown)[:10]}"
