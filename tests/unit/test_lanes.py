@@ -77,7 +77,8 @@ def test_the_arrangement_is_timed_or_set_and_its_runtime_built_with_its_threads(
     assert chosen.chosen_by == "measured"
     assert built == [config.model_threads(), 1]
     assert set(chosen.rows_per_s) == {f"1 x {built[0]} threads", f"{built[0]} x 1 thread"}
-    assert list(chosen.rows_per_s[f"1 x {built[0]} threads"]) == [1, 2, 4, 8]
+    swept = list(chosen.rows_per_s[f"1 x {built[0]} threads"])  # up to 8; a call descheduled past LONGEST_CALL_S
+    assert swept and swept == [1, 2, 4, 8][: len(swept)]  # on a loaded host (CI's other worker) stops it sooner
     assert chosen.count * chosen.threads == built[0] and 1 <= chosen.max_batch_size <= 8
     assert runtime.session.get_session_options().intra_op_num_threads == chosen.threads
 
