@@ -37,7 +37,7 @@ from bench.load import tree_cpu_seconds  # noqa: E402
 from bench.results import median_of_rounds, print_goal, print_ratios, side_order, write_result  # noqa: E402
 from bench.text_serving import zen_words  # noqa: E402
 from bench.workload import workload_name  # noqa: E402
-from contract.generation import GenerationSettings, PromptTokenizer  # noqa: E402
+from contract.generation import TOKENIZER, GenerationSettings, PromptTokenizer  # noqa: E402
 from contract.manifest import read_artifact, read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from serve.generation import open_model, verified_copy  # noqa: E402
@@ -96,7 +96,7 @@ class InProcessLoop:
     def __init__(self, folder: Path, device: str, prompts: list[str]) -> None:
         manifest = read_manifest(folder)
         settings = GenerationSettings.from_manifest(manifest["generation"])
-        tokenizer = PromptTokenizer(read_artifact(folder, manifest, "hf/tokenizer.json"), settings)
+        tokenizer = PromptTokenizer(read_artifact(folder, manifest, TOKENIZER), settings)
         with verified_copy(folder, manifest) as private:
             self.model, self.device = open_model(private, device)
         self.prompts = [tokenizer.encode_prompt(p) for p in prompts]

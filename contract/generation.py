@@ -21,6 +21,9 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+HF_FOLDER, GENAI_FOLDER = "hf", "genai"  # a language model's export: its consolidated folder and its GenAI model
+TOKENIZER = f"{HF_FOLDER}/tokenizer.json"  # the served tokenizer, as the manifest lists it
+GENAI_MODEL = f"{GENAI_FOLDER}/model.onnx"
 Message = dict[str, Any]  # {"role": ..., "content": ...}, as OpenAI's chat API and transformers take them
 GENERATION_TEMPLATE_SCRATCH = "Done."  # an assistant's reply whose end shows the token that ends a turn
 

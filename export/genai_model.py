@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
+from contract.generation import GENAI_FOLDER, HF_FOLDER
 from export.tensor_model import first_line
 
 log = logging.getLogger("export")
-HF_FOLDER, GENAI_FOLDER = "hf", "genai"
 BUILDER = "onnxruntime_genai.models.builder"
 BUILD_TIMEOUT_S = 3600
 # What the builder builds as a text model (its own table, onnxruntime-genai 0.18), as handoff's parity proves each

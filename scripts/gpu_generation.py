@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 from bench import generation_serving  # noqa: E402
 from bench.results import result_path  # noqa: E402
 from bench.workload import workload_name  # noqa: E402
+from contract.generation import HF_FOLDER  # noqa: E402
 from contract.manifest import read_manifest_unchecked  # noqa: E402
 from harness.server import BentoServer, ScriptServer  # noqa: E402
 
@@ -32,9 +33,9 @@ def _greedy_reference(folder: Path, device: str) -> str:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder / "hf").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder / HF_FOLDER).eval()
     model.to(torch.device(device))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder / "hf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder / HF_FOLDER)
     ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False)
     with torch.no_grad():
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=TOKENS, do_sample=False)
@@ -56,10 +57,10 @@ def _vllm(folder: Path, log: Path) -> dict[str, Any]:
         return {"vllm": "not installed"}
     spec = importlib.util.find_spec("vllm.entrypoints.openai.api_server")
     assert spec is not None and spec.origin is not None
-    arguments = ("--model", str(folder / "hf"), "--host", "127.0.0.1", "--port")
+    arguments = ("--model", str(folder / HF_FOLDER), "--host", "127.0.0.1", "--port")
     with VllmServer(log, Path(spec.origin), *arguments) as server:
         server.wait_ready(timeout=600)
-        return {"vllm": _chat(server.url, str(folder / "hf"))}
+        return {"vllm": _chat(server.url, str(folder / HF_FOLDER))}
 
 
 class VllmServer(ScriptServer):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contract.generation import PromptTokenizer, TextStream
+from contract.generation import GENAI_FOLDER, PromptTokenizer, TextStream
 from contract.manifest import copy_artifact
 
 log = logging.getLogger("bentoml.handoff")
@@ -33,7 +33,7 @@ log = logging.getLogger("bentoml.handoff")
 def verified_copy(folder: Path, manifest: dict[str, Any]) -> Iterator[Path]:
     """The export's `genai/` files, each copied through the manifest's hash, in a private folder (0700) that is
     removed on exit: what ONNX Runtime GenAI opens is what was checked, whatever happens to the export folder."""
-    genai = (manifest.get("genai") or {}).get("folder", "genai")
+    genai = (manifest.get("genai") or {}).get("folder", GENAI_FOLDER)
     private = Path(tempfile.mkdtemp(prefix="handoff-genai-"))
     try:
         for name in sorted(n for n in manifest["artifacts"] if n.startswith(f"{genai}/")):

@@ -28,13 +28,11 @@ from typing import Any
 import numpy as np
 
 from contract.errors import ClientError
-from contract.generation import GenerationSettings, PromptTokenizer
+from contract.generation import GENAI_MODEL, TOKENIZER, GenerationSettings, PromptTokenizer
 from contract.manifest import read_artifact
 from serve.generation import Piece, Sampling, generate, open_model, verified_copy
 
 log = logging.getLogger("bentoml.handoff")
-GENAI_MODEL = "genai/model.onnx"
-TOKENIZER = "hf/tokenizer.json"
 LOAD_TIMEOUT_S = 600
 
 
@@ -47,7 +45,7 @@ class GenerationEngine:
     def __init__(self, folder: Path, manifest: dict[str, Any], device: str, limit: int) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, theirs = context.Pipe()
-        tokenizer_json = read_artifact(folder, manifest, TOKENIZER)
+        self.tokenizer_json = tokenizer_json = read_artifact(folder, manifest, TOKENIZER)  # the task's too
         # generations asked for (written here only) and past their first token (written by the engine only): while
         # the first is ahead, running generations let a new one have the GIL between their tokens
         self.asked, past_first = context.Value("q", 0, lock=False), context.Value("q", 0, lock=False)

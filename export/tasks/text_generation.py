@@ -18,12 +18,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from contract.generation import GENERATION_TEMPLATE_SCRATCH, GenerationSettings, PromptTokenizer
+from contract.generation import (
+    GENAI_FOLDER,
+    GENERATION_TEMPLATE_SCRATCH,
+    TOKENIZER,
+    GenerationSettings,
+    PromptTokenizer,
+)
 from contract.manifest import new_tensor_manifest
 from contract.signature import TASK_TEXT_GENERATION, Signature, TensorSpec
 from export.genai_model import (
     GENAI_ARCHITECTURES,
-    GENAI_FOLDER,
     build_genai,
     checkpoint_dtype,
     genai_precision,
@@ -171,7 +176,7 @@ def _parity(
     """The parity block: the served tokenizer's checks, then greedy generations and logits against transformers."""
     precision = genai_precision(request.device.type)
     tol = tolerance_of(request.args, precision)
-    served = PromptTokenizer((out / "hf" / "tokenizer.json").read_bytes(), settings)
+    served = PromptTokenizer((out / TOKENIZER).read_bytes(), settings)
     prompts, checks = parity_prompts(tokenizer, served, own)
     checks.append(decode_check(tokenizer, served, prompts))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else settings.eos_token_ids[0]

@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 
 from contract.errors import ClientError
 from contract.generation import GenerationSettings, Message, PromptTokenizer, TemplateError
-from contract.manifest import read_artifact
 from contract.signature import TASK_TEXT_GENERATION
 from serve.config import ServeConfig
 from serve.endpoint import Answer, Incoming, RouteSchema
@@ -47,7 +46,6 @@ from serve.runtime import Runtime
 from serve.tasks.base import ServedTask, Serving
 
 CHAT, COMPLETIONS, MODELS = "/v1/chat/completions", "/v1/completions", "/v1/models"
-TOKENIZER = "hf/tokenizer.json"
 
 
 class TextGeneration(ServedTask):
@@ -63,10 +61,9 @@ class TextGeneration(ServedTask):
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
         self.settings = GenerationSettings.from_manifest(self.manifest["generation"])
-        tokenizer_json = read_artifact(serving.folder, self.manifest, TOKENIZER)
-        self.tokenizer = PromptTokenizer(tokenizer_json, self.settings)
         engine = serving.runtime
         assert isinstance(engine, GenerationEngine)
+        self.tokenizer = PromptTokenizer(engine.tokenizer_json, self.settings)  # the bytes the engine verified
         vocab = self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
         self.generations = Generations(engine, self.settings, vocab, self.config.max_generations)
         self.created = int(time.time())
