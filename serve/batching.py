@@ -15,13 +15,14 @@ to that search, paid under load by each of the 32 possible batch sizes the first
 profiled). The CPU has no such cost, and padding there would compute the zero rows for real, so the CPU
 runs each batch at its own size.
 
-On a CPU the model may run several batches at once (`lanes`, chosen by serve/lanes.py): each in a thread of its
-own, on a session of one thread. A lane that is free takes what has queued, so one request runs while another
-lane's batch is still going.
-
-The model runs in a thread of its own, and when a batch ends the next one (what queued meanwhile) is handed to
-it before the answers of the last are sent: the event loop spends about a millisecond of CPU on each answer,
-tens of milliseconds for a full batch, which the model would otherwise wait out with every batch under load.
+Each lane is a thread that takes its batches from the queue itself: when a batch ends, the lane takes the next
+(what queued meanwhile) at once and hands the answers of the last to the event loop, which sends them while the
+model runs. The event loop only queues requests and sends answers; it is never between two batches. (When it was,
+each batch waited for the loop's turn behind the answers being sent: 4 ms at the median between a text
+classifier's batches at c=64, the lanes busy 93% of the time; docs/history.md.) On a CPU the model may run
+several batches at once (`lanes`, chosen by serve/lanes.py), each lane on a session of one thread, so one request
+runs while another lane's batch is still going. A lane's thread starts with the first request that finds no lane
+free, and ends after LANE_IDLE_S with nothing to do.
 
 Any model's requests carry named inputs (a dict of arrays) instead of one array, and only requests whose
 inputs agree beyond the batch dimension (shapes and dtypes: the same sequence length) share a batch: padding a
@@ -53,16 +54,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import math
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from contract.errors import ClientError
+
+log = logging.getLogger("bentoml.handoff.batching")
 
 Rows = np.ndarray | dict[str, np.ndarray]  # a classifier's one input, or any model's inputs by name
 # The longest a batch waits for rows still being decoded, in decodes' time: 2 and 4 measured with
@@ -75,6 +79,7 @@ REFUSING_UNREADY_S = 10.0  # refusing every request for this long (and lately): 
 # decode, a ~8 ms call; fuller batches, 1.02-1.05 x at c=64). Where a call costs far more (resnet18 at 224 px:
 # ~140 ms against a 3 ms decode) the model is the bottleneck, and a hold only idles it (0.85 x at c=16, A/B).
 DECODE_OVER_MODEL_CALL = 0.1
+LANE_IDLE_S = 30.0  # a lane's thread ends after this long with nothing queued (the next request starts one)
 
 
 class Upstream(Protocol):
@@ -189,17 +194,18 @@ class ModelBatcher:
         self.pad_to = sorted(pad_to) if pad_to else None
         self.max_latency_s = max_latency_ms / 1000
         self.lanes = lanes
-        self.executor = ThreadPoolExecutor(lanes, thread_name_prefix="model")
+        # The queue and the lanes' counts are shared by the event loop (which queues) and the lanes (which take).
+        self.arrived = threading.Condition(threading.Lock())
         self.queue: collections.deque[_Job] = collections.deque()
         self.queued_rows = 0
+        self.live_lanes = 0  # lanes whose thread is running
+        self.idle_lanes = 0  # of those, lanes waiting for requests (or holding for rows still being decoded)
         self.recent_per_row: collections.deque[float] = collections.deque(maxlen=RECENT_BATCHES)
         self.seconds_per_row: float | None = None  # their median, taken when a batch ends (not per request)
         self.refused_since: float | None = None  # when the refusals began that no answered request has ended
         self.refused_last = 0.0
         self.seconds_per_call: float | None = None  # one model call's time, whatever its batch's size
         self.running_until = 0.0  # when the batch started last is expected to end
-        self.workers: list[asyncio.Task[None]] = []
-        self.wake = asyncio.Event()
 
     @property
     def refusing(self) -> str | None:
@@ -219,12 +225,15 @@ class ModelBatcher:
     async def __call__(self, batch: Rows) -> Any:
         self.admit(_size(batch))
         job = _Job(batch, asyncio.get_running_loop().create_future(), key=self.shape.key(batch))
-        self.queue.append(job)
-        self.queued_rows += job.size
-        if not self.workers:  # started on the server's event loop, at the first request: one per lane
-            self.workers = [asyncio.create_task(self._run_batches()) for _ in range(self.lanes)]
-        self.wake.set()
-        return await job.future  # a cancelled caller cancels its future: the worker skips it
+        with self.arrived:
+            self.queue.append(job)
+            self.queued_rows += job.size
+            if self.idle_lanes:
+                self.arrived.notify()  # a waiting lane takes it (or, holding, looks again)
+            elif self.live_lanes < self.lanes:
+                self.live_lanes += 1
+                threading.Thread(target=self._lane, name="handoff-model-lane", daemon=True).start()
+        return await job.future  # a cancelled caller cancels its future: the lane skips it
 
     def _expected_wait_s(self, rows: int) -> float:
         per_row = self.seconds_per_row
@@ -241,16 +250,18 @@ class ModelBatcher:
         retry_after_s = min(60, max(1, math.ceil(self._expected_wait_s(0))))
         return ClientError("overloaded: the model cannot answer within HANDOFF_MAX_LATENCY_MS", 503, retry_after_s)
 
-    def _next_batch(self) -> list[_Job]:
-        """The queued jobs that fit in one batch, oldest first, all of the oldest one's shape; a job that waited
-        past the budget is refused. Jobs of another shape keep their place in the queue."""
+    def _next_batch(self) -> tuple[list[_Job], list[_Job]]:
+        """The queued jobs that fit in one batch, oldest first, all of the oldest one's shape, and the jobs that
+        waited past the budget (to be refused). Jobs of another shape keep their place in the queue. Called with
+        the queue's lock held."""
         jobs: list[_Job] = []
+        expired: list[_Job] = []
         parts: list[Rows] = []  # the jobs' rows
         rows = 0
         now = time.monotonic()
         other_shapes: collections.deque[_Job] = collections.deque()
         # The oldest job always goes, even one larger than a batch (alone): a job the loop never took would
-        # keep the worker spinning on the event loop.
+        # keep a lane taking nothing, forever.
         while self.queue:
             job = self.queue[0]
             if jobs and job.key != jobs[0].key:
@@ -263,34 +274,50 @@ class ModelBatcher:
             if job.future.done():  # the caller left
                 continue
             if now - job.queued_at > self.max_latency_s:
-                job.future.set_exception(self._overloaded())
+                expired.append(job)
                 continue
             jobs.append(job)
             parts.append(job.rows)
             rows += job.size
         self.queue.extendleft(reversed(other_shapes))
-        return jobs
+        return jobs, expired
 
-    async def _run_batches(self) -> None:
-        """One lane: a batch at a time, taken from the queue all lanes share."""
+    def _lane(self) -> None:
+        """One lane's thread: a batch at a time from the queue all lanes share, the answers handed to the event
+        loop; the thread ends after LANE_IDLE_S with nothing queued."""
         while True:
-            await self.wake.wait()
-            self.wake.clear()
-            await self._hold()
-            batch = self._start_next()
-            while batch is not None:
-                jobs, running = batch
-                try:
-                    outputs: list[Rows | Exception] | Exception = await running
-                except Exception as err:  # noqa: BLE001 - the batcher's own failure: every caller gets it
-                    outputs = err
-                # The next batch goes to the model before the answers go out (it need not wait for them), unless
-                # it is to wait for rows still being decoded.
-                batch = None if self._hold_s() > 0 else self._start_next()
-                self._answer(jobs, outputs)
-                if batch is None:
-                    await self._hold()
-                    batch = self._start_next()
+            with self.arrived:
+                taken = self._take()
+                if taken is None:
+                    self.live_lanes -= 1
+                    return
+            jobs, expired = taken
+            if expired:
+                _hand_over(expired, [self._overloaded()] * len(expired))
+            if not jobs:
+                continue
+            try:
+                outputs: list[Rows | Exception] = self._run_model([job.rows for job in jobs])
+            except Exception as err:  # noqa: BLE001 - the batcher's own failure: every caller of the batch gets it
+                log.exception("a batch failed outside the model")
+                outputs = [err] * len(jobs)
+            _hand_over(jobs, outputs)
+
+    def _take(self) -> tuple[list[_Job], list[_Job]] | None:
+        """With the lock held: the next batch (and the jobs refused on the way) once one is queued and not to be
+        held for rows still being decoded (each arrival wakes a waiting lane to look again); None after
+        LANE_IDLE_S with nothing queued."""
+        while True:
+            hold = self._hold_s()
+            if self.queue and hold <= 0:
+                return self._next_batch()
+            self.idle_lanes += 1
+            try:
+                woken = self.arrived.wait(hold if self.queue else LANE_IDLE_S)
+            finally:
+                self.idle_lanes -= 1
+            if not woken and not self.queue:
+                return None
 
     def _hold_s(self) -> float:
         """How much longer the next batch waits for rows still being decoded; 0: start it now."""
@@ -304,26 +331,6 @@ class ModelBatcher:
         waited = time.monotonic() - self.queue[0].queued_at
         # At most a tenth of the latency budget: a client's huge uploads (slow decodes) cannot stretch the hold.
         return max(0.0, min(HOLD_DECODES * upstream.seconds_each, self.max_latency_s / 10) - waited)
-
-    async def _hold(self) -> None:
-        """Wait while `_hold_s` says so; each request that arrives wakes it to look again."""
-        while (wait := self._hold_s()) > 0:
-            self.wake.clear()
-            try:
-                async with asyncio.timeout(wait):
-                    await self.wake.wait()
-            except TimeoutError:
-                return
-
-    def _start_next(self) -> tuple[list[_Job], asyncio.Future[list[Rows | Exception]]] | None:
-        """The next batch handed to the model thread at once (no await in between), or None if nothing queued."""
-        while self.queue:
-            jobs = self._next_batch()
-            if jobs:
-                rows = [job.rows for job in jobs]
-                running = asyncio.get_running_loop().run_in_executor(self.executor, self._run_model, rows)
-                return jobs, running
-        return None
 
     def _padded(self, inputs: Rows) -> Rows:
         """`inputs` with zero rows added up to the next size in pad_to (as they are past the largest)."""
@@ -379,13 +386,20 @@ class ModelBatcher:
                 answers.extend([ModelFailed(err)] if len(group) == 1 else self._apart(group))
         return answers
 
-    @staticmethod
-    def _answer(jobs: list[_Job], outputs: list[Rows | Exception] | Exception) -> None:
-        answers = [outputs] * len(jobs) if isinstance(outputs, Exception) else outputs
-        for job, answer in zip(jobs, answers, strict=True):
-            if job.future.done():
-                continue
-            if isinstance(answer, Exception):
-                job.future.set_exception(answer)
-            else:
-                job.future.set_result(answer)
+
+def _hand_over(jobs: list[_Job], answers: list[Rows | Exception]) -> None:
+    """From a lane: each job's answer (or exception) set on the event loop its caller waits on, in one callback."""
+    try:
+        jobs[0].future.get_loop().call_soon_threadsafe(_answer, jobs, answers)
+    except RuntimeError:  # the loop has closed: no caller is left to answer
+        pass
+
+
+def _answer(jobs: list[_Job], answers: list[Rows | Exception]) -> None:
+    for job, answer in zip(jobs, answers, strict=True):
+        if job.future.done():  # the caller left
+            continue
+        if isinstance(answer, Exception):
+            job.future.set_exception(answer)
+        else:
+            job.future.set_result(answer)

@@ -27,8 +27,12 @@ class DecodePool:
         self.seconds_each: float | None = None  # one decode's time, a moving average
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="handoff-decode")
 
-    async def run(self, work: Callable[..., T], *args: object) -> T:
-        """`work(*args)` in one of the pool's threads."""
+    async def run(self, work: Callable[..., T], *args: object, inline: bool = False) -> T:
+        """`work(*args)` in one of the pool's threads; on the event loop itself where the caller says it is
+        `inline` work, bounded small enough that handing it over would cost more (the hop costs the loop and the
+        thread ~0.1 ms of CPU together)."""
+        if inline:
+            return work(*args)
         self.in_progress += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, self._timed, work, args)

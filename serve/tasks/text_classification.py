@@ -65,8 +65,8 @@ class TextClassification(TextTask):
             return await self.predict_named(request)
         if request.content_type not in TEXT_TYPES:
             raise ClientError(f"this model classifies text: send {self.body_example} (application/json)", 415)
-        encoded, top_k = await self.serving.decoders.run(
-            self.encode_body, request.body, request.content_type, request.params
+        encoded, top_k = await self.tokenized(
+            len(request.body), self.encode_body, request.body, request.content_type, request.params
         )
         top_k = checked_top_k(top_k)
         outputs = await self.serving.batched(encoded.rows)

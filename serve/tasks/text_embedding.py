@@ -53,7 +53,7 @@ class TextEmbedding(TextTask):
             return await self.predict_named(request)
         only_params(request.params, set())
         parse = self._embed_request if route == "/embed" else self._openai_request
-        options, encoded = await self.serving.decoders.run(self._encode_request, parse, request.body)
+        options, encoded = await self.tokenized(len(request.body), self._encode_request, parse, request.body)
         if not options["truncate"] and any(encoded.truncated):
             first = encoded.truncated.index(True)
             raise ClientError(

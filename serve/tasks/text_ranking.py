@@ -39,7 +39,7 @@ class TextRanking(TextClassification):
         if route != "/rerank":
             return await super().answer(route, request)
         only_params(request.params, set())
-        options, texts, encoded = await self.serving.decoders.run(self._rerank_request, request.body)
+        options, texts, encoded = await self.tokenized(len(request.body), self._rerank_request, request.body)
         if not options["truncate"] and any(encoded.truncated):
             first = encoded.truncated.index(True)
             raise ClientError(

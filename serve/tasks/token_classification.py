@@ -45,6 +45,7 @@ class TokenClassification(TextTask):
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
         self.labels: list[str] = labels_of(self.manifest) or []
+        self.tags = [_tag(label) for label in self.labels]  # each label's BIO prefix and type
 
     def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """In the model thread: each token's label probabilities beside its logits."""
@@ -58,8 +59,8 @@ class TokenClassification(TextTask):
             raise ClientError(
                 'this model finds entities in text: send {"text": "..."} (application/json) or text/plain', 415
             )
-        text, aggregation, encoded = await self.serving.decoders.run(
-            self._encode_body, request.body, request.content_type, request.params
+        text, aggregation, encoded = await self.tokenized(
+            len(request.body), self._encode_body, request.body, request.content_type, request.params
         )
         outputs = await self.serving.batched(encoded.rows)
         probabilities = self._own_tokens(outputs["probabilities"], encoded)[0]
@@ -90,17 +91,32 @@ class TokenClassification(TextTask):
     def entities(
         self, text: str, spans: list[tuple[int, int] | None], probabilities: np.ndarray, aggregation: str
     ) -> list[dict[str, Any]]:
-        """The text's tokens labelled (special tokens left out), then grouped as the pipeline groups them."""
+        """The text's tokens labelled (special tokens left out), then grouped as the pipeline groups them
+        (`group_entities`: consecutive tokens of one type, a `B-` starting anew; the score their mean). On the event
+        loop for every answer, hence tuples until the answer's own dicts."""
         best, scores = probabilities.argmax(axis=-1).tolist(), probabilities.max(axis=-1).tolist()
-        tokens = [
-            {"entity": self.labels[best[i]], "score": scores[i], "index": i, "word": text[s:e], "start": s, "end": e}
-            for i, span in enumerate(spans)
-            if span is not None
-            for s, e in [span]
-        ]
         if aggregation == "none":
-            return [token for token in tokens if token["entity"] != IGNORED]
-        return [group for group in _grouped(text, tokens) if group["entity_group"] != IGNORED]
+            return [
+                {"entity": label, "score": scores[i], "index": i, "word": text[s:e], "start": s, "end": e}
+                for i, span in enumerate(spans)
+                if span is not None and (label := self.labels[best[i]]) != IGNORED
+                for s, e in [span]
+            ]
+        groups: list[list[Any]] = []  # [type, start, end, sum of scores, tokens]
+        for i, span in enumerate(spans):
+            if span is None:
+                continue
+            prefix, kind = self.tags[best[i]]
+            if groups and prefix != "B" and groups[-1][0] == kind:
+                group = groups[-1]
+                group[2], group[3], group[4] = span[1], group[3] + scores[i], group[4] + 1
+            else:
+                groups.append([kind, span[0], span[1], scores[i], 1])
+        return [
+            {"entity_group": kind, "score": total / count, "word": text[start:end], "start": start, "end": end}
+            for kind, start, end, total, count in groups
+            if kind != IGNORED
+        ]
 
     def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
         inputs, outputs = super().protocol_tensors()
@@ -154,24 +170,3 @@ def _tag(label: str) -> tuple[str, str]:
     if label.startswith(("B-", "I-")):
         return label[0], label[2:]
     return "I", label
-
-
-def _grouped(text: str, tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Consecutive tokens of one type, a `B-` starting anew: the pipeline's `group_entities`."""
-    groups: list[list[dict[str, Any]]] = []
-    for token in tokens:
-        prefix, kind = _tag(token["entity"])
-        if groups and prefix != "B" and _tag(groups[-1][-1]["entity"])[1] == kind:
-            groups[-1].append(token)
-        else:
-            groups.append([token])
-    return [
-        {
-            "entity_group": _tag(group[0]["entity"])[1],
-            "score": float(np.mean([t["score"] for t in group])),
-            "word": text[group[0]["start"] : group[-1]["end"]],
-            "start": group[0]["start"],
-            "end": group[-1]["end"],
-        }
-        for group in groups
-    ]

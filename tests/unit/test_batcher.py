@@ -2,6 +2,7 @@
 rows back, what queued while the model ran is the next batch, a caller that left is skipped, the model's
 error reaches its batch's callers only, and overload is answered with 503."""
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -146,6 +147,29 @@ def test_the_next_batch_starts_before_the_answers_of_the_last_are_handled():
     answered_at = anyio.run(go)
     assert len(started_at) == 2, started_at
     assert started_at[1] < answered_at[0] - BUSY_S / 2, "the second batch waited for the first batch's answers"
+
+
+def test_a_lane_runs_batch_after_batch_while_the_event_loop_is_busy():
+    """The lanes take their batches themselves: with the event loop held (answers being sent, requests being
+    read), what has queued still runs, batch after batch, instead of one batch per turn of the loop."""
+    ran_at: list[float] = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        ran_at.append(time.monotonic())
+        time.sleep(0.01)
+        return batch * 10
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=1, max_latency_ms=10_000)
+        calls = [asyncio.ensure_future(batcher(np.full((1, 1), float(i)))) for i in range(4)]
+        await asyncio.sleep(0)  # each call queued
+        time.sleep(BUSY_S)  # the loop is busy: nothing else on it runs meanwhile
+        held_until = time.monotonic()
+        return await asyncio.gather(*calls), held_until
+
+    answers, held_until = anyio.run(go)
+    assert [a[0, 0] for a in answers] == [0.0, 10.0, 20.0, 30.0]
+    assert len(ran_at) == 4 and ran_at[-1] < held_until, "a batch waited for the event loop's turn"
 
 
 def test_a_model_error_fails_its_batch_only():

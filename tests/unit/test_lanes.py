@@ -26,6 +26,18 @@ def test_lanes_are_taken_only_when_clearly_faster_and_the_cap_is_the_largest_bat
     assert decide({1: 10.0, 32: 100.0}, {1: 10.0}, count=2, max_batch=16).max_batch_size == 16
 
 
+def test_where_a_lone_call_loses_little_on_one_thread_lanes_are_taken_when_faster_at_all():
+    """A small text model: a row's call as fast on one thread as on two (its lanes' rate at batch 1 twice one
+    lane's), lanes 5% faster at best: taken. The same gain where one thread halves a lone call's speed: not."""
+    one_lane = {1: 300.0, 8: 480.0, 32: 500.0}
+    small = decide(one_lane, {1: 580.0, 8: 525.0, 32: 500.0}, count=2, max_batch=32)
+    assert (small.count, small.threads) == (2, 1)
+    large = decide(one_lane, {1: 320.0, 8: 525.0, 32: 500.0}, count=2, max_batch=32)
+    assert (large.count, large.threads) == (1, 2)
+    slower = decide({**one_lane, 32: 620.0}, {1: 580.0, 8: 560.0, 32: 500.0}, count=2, max_batch=32)
+    assert slower.count == 1  # lanes must be faster
+
+
 def test_a_dimension_that_is_not_fixed_is_timed_at_a_set_size():
     image = Signature((TensorSpec("input", "float32", (-1, 3, 8, 8)),), ())
     text = Signature((TensorSpec("input_ids", "int64", (-1, -1)), TensorSpec("attention_mask", "int64", (-1, -1))), ())

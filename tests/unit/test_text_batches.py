@@ -4,6 +4,7 @@ bodies /classify and the protocol take (serve/tasks/text_classification.py, cont
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -41,17 +42,28 @@ def lengths_batched(*lengths: int) -> tuple[list[float], list[tuple[int, int]]]:
     """Requests of these lengths sent at once: each one's answer (its own length, as the model counts it from the
     mask) and the shape of every model call."""
     seen = []
+    release = threading.Event()
 
     def model(rows):
         seen.append(rows["input_ids"].shape)
+        if len(seen) == 1:
+            release.wait(10)  # the first request holds the model until the others have all queued
         return {"logits": rows["attention_mask"].sum(1, keepdims=True).astype(np.float32)}
 
     async def at_once():
         batcher = ModelBatcher(model, 8, 10_000, shape=PaddedSequences(SETTINGS))
-        return await asyncio.gather(*(batcher(tokens(*range(1, n + 1))) for n in lengths))
+        first = asyncio.ensure_future(batcher(tokens(1)))
+        while not seen:
+            await asyncio.sleep(0.001)
+        queued = [asyncio.ensure_future(batcher(tokens(*range(1, n + 1)))) for n in lengths]
+        while len(batcher.queue) < len(lengths):
+            await asyncio.sleep(0.001)
+        release.set()
+        await first
+        return await asyncio.gather(*queued)
 
     answers = asyncio.run(at_once())
-    return [a["logits"].item() for a in answers], seen
+    return [a["logits"].item() for a in answers], seen[1:]
 
 
 def test_the_batcher_pads_texts_of_near_lengths_into_one_call_and_splits_the_answers():
@@ -177,9 +189,9 @@ def test_a_long_query_against_many_texts_is_tokenized_whole_once():
         def __init__(self, inner):
             self.inner, self.whole_query = inner, 0
 
-        def encode(self, text, **options):
-            self.whole_query += text == query
-            return self.inner.encode(text, **options)
+        def encode_batch(self, texts, **options):
+            self.whole_query += texts == [query]
+            return self.inner.encode_batch(texts, **options)
 
     served.untruncated = counting = Counting(served.untruncated)
     encoded = served.encode_pairs([(query, text) for text in texts])
