@@ -22,7 +22,7 @@ each batch waited for the loop's turn behind the answers being sent: 4 ms at the
 classifier's batches at c=64, the lanes busy 93% of the time; docs/history.md.) On a CPU the model may run
 several batches at once (`lanes`, chosen by serve/lanes.py), each lane on a session of one thread, so one request
 runs while another lane's batch is still going. A lane's thread starts with the first request that finds no lane
-free, and ends after LANE_IDLE_S with nothing to do.
+free, and stays (a GPU runtime keeps per-thread state, which a new thread would build again).
 
 Any model's requests carry named inputs (a dict of arrays) instead of one array, and only requests whose
 inputs agree beyond the batch dimension (shapes and dtypes: the same sequence length) share a batch: padding a
@@ -79,7 +79,6 @@ REFUSING_UNREADY_S = 10.0  # refusing every request for this long (and lately): 
 # decode, a ~8 ms call; fuller batches, 1.02-1.05 x at c=64). Where a call costs far more (resnet18 at 224 px:
 # ~140 ms against a 3 ms decode) the model is the bottleneck, and a hold only idles it (0.85 x at c=16, A/B).
 DECODE_OVER_MODEL_CALL = 0.1
-LANE_IDLE_S = 30.0  # a lane's thread ends after this long with nothing queued (the next request starts one)
 
 
 class Upstream(Protocol):
@@ -198,7 +197,7 @@ class ModelBatcher:
         self.arrived = threading.Condition(threading.Lock())
         self.queue: collections.deque[_Job] = collections.deque()
         self.queued_rows = 0
-        self.live_lanes = 0  # lanes whose thread is running
+        self.live_lanes = 0  # lanes whose thread has started
         self.idle_lanes = 0  # of those, lanes waiting for requests (or holding for rows still being decoded)
         self.recent_per_row: collections.deque[float] = collections.deque(maxlen=RECENT_BATCHES)
         self.seconds_per_row: float | None = None  # their median, taken when a batch ends (not per request)
@@ -284,14 +283,10 @@ class ModelBatcher:
 
     def _lane(self) -> None:
         """One lane's thread: a batch at a time from the queue all lanes share, the answers handed to the event
-        loop; the thread ends after LANE_IDLE_S with nothing queued."""
+        loop."""
         while True:
             with self.arrived:
-                taken = self._take()
-                if taken is None:
-                    self.live_lanes -= 1
-                    return
-            jobs, expired = taken
+                jobs, expired = self._take()
             if expired:
                 _hand_over(expired, [self._overloaded()] * len(expired))
             if not jobs:
@@ -303,21 +298,18 @@ class ModelBatcher:
                 outputs = [err] * len(jobs)
             _hand_over(jobs, outputs)
 
-    def _take(self) -> tuple[list[_Job], list[_Job]] | None:
+    def _take(self) -> tuple[list[_Job], list[_Job]]:
         """With the lock held: the next batch (and the jobs refused on the way) once one is queued and not to be
-        held for rows still being decoded (each arrival wakes a waiting lane to look again); None after
-        LANE_IDLE_S with nothing queued."""
+        held for rows still being decoded (each arrival wakes a waiting lane to look again)."""
         while True:
             hold = self._hold_s()
             if self.queue and hold <= 0:
                 return self._next_batch()
             self.idle_lanes += 1
             try:
-                woken = self.arrived.wait(hold if self.queue else LANE_IDLE_S)
+                self.arrived.wait(hold if self.queue else None)
             finally:
                 self.idle_lanes -= 1
-            if not woken and not self.queue:
-                return None
 
     def _hold_s(self) -> float:
         """How much longer the next batch waits for rows still being decoded; 0: start it now."""
