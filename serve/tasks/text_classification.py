@@ -59,8 +59,8 @@ class TextClassification(TextTask):
         return ranked(self.serving.runtime.run_named(rows)["logits"], self.scores)
 
     async def answer(self, route: str, request: Incoming) -> Answer:
-        """/classify: a text, `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`), tokenized in a thread;
-        /predict: token ids by name, as any model's inputs."""
+        """/classify: a text, `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`), tokenized (on the event loop
+        if short, else in a decoding thread: TextTask.tokenized); /predict: token ids by name, as any model's inputs."""
         if route == "/predict":
             return await self.predict_named(request)
         if request.content_type not in TEXT_TYPES:

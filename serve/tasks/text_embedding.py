@@ -11,8 +11,8 @@
 - POST /predict: token ids by name, as any model's inputs;
 - the protocol: `text` (BYTES [N]: UTF-8 texts) in, `embeddings` (FP32 [N, D]) out.
 
-A request's texts are tokenized together in a decoding thread and share the model's call with other requests'
-(`PaddedSequences`: any lengths, padded; the export proved padding changes no vector).
+A request's texts are tokenized together (in a decoding thread unless short: TextTask.tokenized) and share the
+model's call with other requests' (`PaddedSequences`: any lengths, padded; the export proved padding changes no vector).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class TextEmbedding(TextTask):
     def _encode_request(
         self, parse: Callable[[bytes], tuple[list[str], dict[str, Any]]], body: bytes
     ) -> tuple[dict[str, Any], Encoded]:
-        """In a decoding thread: the body's options and its texts' tokens."""
+        """The body's options and its texts' tokens (TextTask.tokenized says where)."""
         texts, options = parse(body)
         return options, self.tokenizer.encode(texts)
 

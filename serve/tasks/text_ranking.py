@@ -10,7 +10,8 @@ relevance of a text to a query. Everything else is a text classifier's (serve/ta
 - POST /predict and the protocol (`text` and `text_pair` in, `logits` and `probabilities` out), as a text
   classifier's.
 
-A request's pairs are tokenized together in a decoding thread and share the model's call with other requests'.
+A request's pairs are tokenized together (in a decoding thread unless short: TextTask.tokenized) and share the
+model's call with other requests'.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class TextRanking(TextClassification):
         return Answer(orjson.dumps(ranks))
 
     def _rerank_request(self, body: bytes) -> tuple[dict[str, bool], list[str], Encoded]:
-        """In a decoding thread: /rerank's options, its texts and the (query, text) pairs' tokens."""
+        """/rerank's options, its texts and the (query, text) pairs' tokens."""
         document = parse_json(body)
         if not isinstance(document, dict) or "query" not in document or "texts" not in document:
             raise ClientError('expected a JSON object {"query": "...", "texts": ["...", ...]}')

@@ -134,7 +134,7 @@ class TextTask(ServedTask):
 
     async def protocol_texts(self, request: InferRequest) -> tuple[list[str], Encoded]:
         """The protocol's `text` input (BYTES [N] or [N, 1]; a pair model's `text_pair` beside it, a pair per row),
-        each text checked, and all tokenized (in a thread)."""
+        each text checked, and all tokenized (`tokenized`)."""
         names = self.text_inputs
         if set(request.inputs) != set(names):
             wanted = " and ".join(f"'{name}'" for name in names)

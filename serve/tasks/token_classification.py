@@ -68,7 +68,7 @@ class TokenClassification(TextTask):
         return Answer({"entities": entities, "truncated": encoded.truncated[0]})
 
     def _encode_body(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> tuple[str, str, Encoded]:
-        """/classify's body (in a decoding thread): its text, the aggregation (the JSON's, else the query string's)
+        """/classify's body (where `tokenized` says): its text, the aggregation (the JSON's, else the query string's)
         and the text's tokens."""
         unknown = sorted(set(params) - {"aggregation"})
         if unknown:
