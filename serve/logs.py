@@ -1,5 +1,6 @@
 """What the service's log says about clients: one INFO line per client error (`CLIENT_ERROR`, written by the
-handlers), and no value longer than a line or breaking one.
+handlers), a refusal for load (a 503 or 429 with Retry-After) summarized (`Repeats`), and no value longer than a
+line or breaking one.
 
 The access log prints the raw request path: a scanner's 10 KB paths would fill the log, and a newline in one
 would forge a line. (The access log's line itself: serve/access_log.py.)
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
+MAX_KINDS = 64
+REPEATS_EVERY_S = 5.0  # a refusal for load is logged at most once this often, with how many came meanwhile
 MAX_LOGGED = 200  # characters of any one value in a log line: a normal access-log field fits, a 10 KB path does not
 CLIENT_ERROR = "%s %s: %d %s"  # method, path, status, what was wrong: the one line a client's mistake gets
 
@@ -30,6 +34,32 @@ def printable(value: str) -> str:
 
 def client_error_args(method: object, path: object, status: int, error: BaseException) -> tuple[str, str, int, str]:
     return printable(str(method)), printable(str(path)), status, printable(str(error))
+
+
+class Repeats:
+    """Lines that come by the thousand under load (an overloaded model refusing clients that send again at once:
+    234,000 in a minute): the first of a kind logged, then at most one every REPEATS_EVERY_S, saying how many
+    came since. The kinds are few (the refusals' own messages), so the table stays small."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.logged_at: dict[str, float] = {}
+        self.since: dict[str, int] = {}
+
+    def log(self, level: int, kind: str, line: str, *args: object) -> None:
+        now = time.monotonic()
+        if len(self.logged_at) > MAX_KINDS and kind not in self.logged_at:  # never grown by what a client sends
+            self.logged_at.clear()
+            self.since.clear()
+        if now - self.logged_at.get(kind, -REPEATS_EVERY_S) < REPEATS_EVERY_S:
+            self.since[kind] = self.since.get(kind, 0) + 1
+            return
+        self.logged_at[kind] = now
+        more = self.since.pop(kind, 0)
+        if more:
+            self.logger.log(level, line + " (and %d more like it since the last such line)", *args, more)
+        else:
+            self.logger.log(level, line, *args)
 
 
 class ShortValues(logging.Filter):

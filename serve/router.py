@@ -21,9 +21,10 @@ from typing import Any
 from contract.errors import ClientError
 from serve.endpoint import Answer, Endpoint, Incoming, plain_error
 from serve.front_door import FrontDoor, Receive, Scope, Send, json_error, query_params, send_json
-from serve.logs import CLIENT_ERROR, client_error_args, printable
+from serve.logs import CLIENT_ERROR, Repeats, client_error_args, printable
 
 log = logging.getLogger("bentoml.handoff")
+refusals = Repeats(log)  # refusals for load, summarized
 Match = Callable[[str, str], tuple[Endpoint, dict[str, str]] | None]
 
 
@@ -116,9 +117,14 @@ async def send_client_error(
     scope: Scope, send: Send, error: ClientError, body: Callable[[ClientError], dict[str, Any]] = plain_error
 ) -> None:
     """The error's `body` (`{"error": ...}` unless the route answers another API's) with its status, logged as one
-    line (INFO for a 4xx, WARNING for a 5xx): a client's mistake is never a traceback."""
+    line (INFO for a 4xx, WARNING for a 5xx): a client's mistake is never a traceback. A refusal for load (with
+    Retry-After) is summarized: under load they come by the thousand a second."""
     line = client_error_args(scope["method"], scope["path"], error.status, error)
-    (log.info if error.status < 500 else log.warning)(CLIENT_ERROR, *line)
+    level = logging.INFO if error.status < 500 else logging.WARNING
+    if error.retry_after_s is not None:
+        refusals.log(level, f"{error.status} {error}", CLIENT_ERROR, *line)
+    else:
+        log.log(level, CLIENT_ERROR, *line)
     await send_json(send, error.status, body(error), headers=retry_after(error))
 
 

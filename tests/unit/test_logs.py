@@ -164,3 +164,31 @@ def test_only_the_probes_own_paths_go_unlogged():
 
 async def _discard(message) -> None:
     return None
+
+
+def test_refusals_for_load_are_logged_once_every_few_seconds_with_how_many_came_since(monkeypatch):
+    """An overloaded model refusing clients that send again at once: thousands of 503s a second, a line every few
+    seconds saying how many; another kind of refusal has lines of its own."""
+    import serve.logs as logs
+
+    records: list[str] = []
+    logger = logging.getLogger("handoff-test-repeats")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    now = [1000.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: now[0])
+    repeats = logs.Repeats(logger)
+    for _ in range(3000):
+        repeats.log(logging.WARNING, "503 overloaded", "%s %s: %d %s", "POST", "/detect", 503, "overloaded")
+        now[0] += 0.001  # three seconds in all
+    repeats.log(logging.INFO, "429 too many", "%s %s: %d %s", "POST", "/detect", 429, "too many")
+    now[0] += logs.REPEATS_EVERY_S
+    repeats.log(logging.WARNING, "503 overloaded", "%s %s: %d %s", "POST", "/detect", 503, "overloaded")
+    assert records == [
+        "POST /detect: 503 overloaded",
+        "POST /detect: 429 too many",
+        "POST /detect: 503 overloaded (and 2999 more like it since the last such line)",
+    ]
