@@ -145,16 +145,15 @@ class ProtocolSurface:
         service = self.service().require_room()
         max_rows = service.config.max_batch_size
         header = dict(request.scope.get("headers") or []).get(b"inference-header-content-length")
-        # The whole body decides, binary part included: splitting a BYTES tensor costs time too.
-        if len(request.body) <= INLINE_JSON_BYTES:  # a small request: parsed here, no thread hop
-            parsed = parse_infer_request(request.body, header, max_rows)
-        else:  # a large one (tensors as text, many BYTES elements) is parsed off the event loop
-            parsed = await service.decoders.run(parse_infer_request, request.body, header, max_rows)
+        # A small request is parsed on the event loop, a large one (tensors as text, many BYTES elements) in a
+        # decoder thread; the whole body decides, binary part included: splitting a BYTES tensor costs time too.
+        small_request = len(request.body) <= INLINE_JSON_BYTES
+        parsed = await service.decoders.run(parse_infer_request, request.body, header, max_rows, inline=small_request)
         outputs = await service.task.infer(parsed)
-        if sum(output.value.nbytes for output in outputs) <= INLINE_JSON_BYTES:
-            body, headers = encode_infer_response(self.name, VERSION, parsed.id, outputs)
-        else:  # a large answer (any model's, megabytes) is encoded off the event loop
-            body, headers = await service.decoders.run(encode_infer_response, self.name, VERSION, parsed.id, outputs)
+        small_answer = sum(output.value.nbytes for output in outputs) <= INLINE_JSON_BYTES  # any model's: megabytes
+        body, headers = await service.decoders.run(
+            encode_infer_response, self.name, VERSION, parsed.id, outputs, inline=small_answer
+        )
         return Answer(body, None, headers=tuple(headers))
 
     def describe(self) -> dict[str, Any]:
