@@ -22,9 +22,11 @@ from contract.errors import ClientError
 from serve.endpoint import Answer, Endpoint, Incoming, plain_error
 from serve.front_door import FrontDoor, Receive, Scope, Send, json_error, query_params, send_json
 from serve.logs import CLIENT_ERROR, Repeats, client_error_args, printable
+from serve.refusal_pace import RefusalPace
 
 log = logging.getLogger("bentoml.handoff")
 refusals = Repeats(log)  # refusals for load, summarized
+pace = RefusalPace()  # and paced when they come faster than clients should send them
 Match = Callable[[str, str], tuple[Endpoint, dict[str, str]] | None]
 
 
@@ -50,8 +52,7 @@ class Router:
             await self._dispatch(scope, receive, send)
         except ClientError as err:  # refused before any handler ran: the access line records it, no line of its own
             found = self.match(scope["method"], scope["path"])  # matched again only for a refusal: its route's shape
-            body = found[0].error_body(err) if found is not None else plain_error(err)
-            await send_json(send, err.status, body, headers=retry_after(err))
+            await send_error(send, err, found[0].error_body(err) if found is not None else plain_error(err))
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = self.match(scope["method"], scope["path"])
@@ -125,13 +126,17 @@ async def send_client_error(
         refusals.log(level, f"{error.status} {error}", CLIENT_ERROR, *line)
     else:
         log.log(level, CLIENT_ERROR, *line)
-    await send_json(send, error.status, body(error), headers=retry_after(error))
+    await send_error(send, error, body(error))
 
 
-def retry_after(error: ClientError) -> list[tuple[bytes, bytes]]:
-    """Retry-After for an error that passes with time (an overloaded model, a full server): a client that waits
-    as it says, as HTTP asks, does not spend the server's CPU on requests refused again."""
-    return [] if error.retry_after_s is None else [(b"retry-after", str(error.retry_after_s).encode())]
+async def send_error(send: Send, error: ClientError, body: dict[str, Any]) -> None:
+    """`body` with the error's status, and Retry-After for an error that passes with time (an overloaded model, a
+    full server): a client that waits as it says, as HTTP asks, does not spend the server's CPU on requests refused
+    again. One that does not is paced (serve/refusal_pace.py)."""
+    if error.retry_after_s is None:
+        return await send_json(send, error.status, body)
+    await pace.wait(error.retry_after_s)
+    await send_json(send, error.status, body, headers=[(b"retry-after", str(error.retry_after_s).encode())])
 
 
 async def _guarded(scope: Scope, send: Send, respond: Callable[[Send], Awaitable[Any]]) -> None:
