@@ -6,10 +6,12 @@ Used by `make demo`, the tests and the benchmarks, so all three start the servic
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +27,8 @@ def free_port() -> int:
 
 
 class BentoServer:
+    own_home: str | None = None  # the BENTOML_HOME made for this server, removed when it stops
+
     def __init__(
         self, log: Path, target: str | None = None, cwd: Path = ROOT, bentoml: Path | None = None, **env: str
     ) -> None:
@@ -33,6 +37,12 @@ class BentoServer:
         `pip --target` and has no script beside the interpreter); `env` adds variables."""
         launcher = [str(bentoml)] if bentoml else [sys.executable, "-m", "bentoml"]
         serve = [*launcher, "serve", *([target] if target else []), "--host", "127.0.0.1", "--port"]
+        # `bentoml serve` empties $BENTOML_HOME/prometheus_multiproc_dir as it starts, where every worker keeps
+        # its /metrics values: a server started beside another (parallel tests) wiped the other's counts. So each
+        # gets a home of its own, unless the caller names one (a Bento built there).
+        self.own_home = None if "BENTOML_HOME" in env else tempfile.mkdtemp(prefix="bentoml-home-")
+        if self.own_home is not None:
+            env = {**env, "BENTOML_HOME": self.own_home}
         self._start(log, serve, cwd, env)
 
     def _start(self, log: Path, command: list[str], cwd: Path, env: dict[str, str]) -> None:
@@ -94,6 +104,8 @@ class BentoServer:
             if time.monotonic() - started > 10:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             time.sleep(0.05)
+        if self.own_home is not None:  # made by __init__ for this server alone
+            shutil.rmtree(self.own_home, ignore_errors=True)
 
     def __enter__(self) -> BentoServer:
         return self
