@@ -25,6 +25,9 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
 - peer_triton (CPU only): bench/peer/triton_peer.py, NVIDIA Triton's own server (the one nvidia-pytriton bundles)
   with its dynamic batcher, the model in its Python backend on the same session settings, sent the same protocol
   binary infers as ours_oip_tensor;
+- peer_triton_image (CPU only): the same Triton, its model taking each JPEG as a BYTES `image` and decoding it with
+  the service's own preprocessing on a thread per core, sent the same binary infers as ours_oip_image (the JPEGs
+  themselves: what /classify and ours_oip_image take);
 - peer_kserve (CPU only): bench/peer/kserve_peer.py, KServe's model server with a `kserve.Model` (no batching of
   its own), the same binary infers;
 - peer_ray (CPU only): bench/peer/ray_peer.py, Ray Serve with `@serve.batch`, the same binary infers;
@@ -96,6 +99,7 @@ SERVICES = (
     "ours_per_core",
     "ours_oip_tensor_per_core",
     "peer_triton",
+    "peer_triton_image",
     "peer_kserve",
     "peer_ray",
     "peer_mlserver",
@@ -121,6 +125,7 @@ FORM = {
     "ours_oip_tensor": "oip_tensor",
     "ours_oip_tensor_per_core": "oip_tensor",
     "peer_triton": "oip_tensor",
+    "peer_triton_image": "oip_image",
     "peer_kserve": "oip_tensor",
     "peer_ray": "oip_tensor",
     "peer_mlserver": "oip_json",
@@ -133,6 +138,7 @@ CPU_ONLY = (
     "ours_oip_tensor_per_core",
     "peer_litserve",
     "peer_triton",
+    "peer_triton_image",
     "peer_kserve",
     "peer_ray",
     "peer_mlserver",
@@ -157,8 +163,8 @@ def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT
         return floor_server(log, folder, device)
     if name == "peer_litserve":
         return litserve_server(log, folder, device)
-    if name == "peer_triton":
-        return TritonServer(log, folder)
+    if name in ("peer_triton", "peer_triton_image"):
+        return TritonServer(log, folder, images=name == "peer_triton_image")
     if name == "peer_kserve":
         return KServeServer(log, folder)
     if name == "peer_ray":

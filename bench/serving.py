@@ -25,7 +25,7 @@ def is_ours(side: str) -> bool:
     return side.startswith(("ours", BASELINE))
 
 
-SERVERS_INSTEAD = ("peer_triton", "peer_kserve", "peer_ray", "peer_mlserver")
+SERVERS_INSTEAD = ("peer_triton", "peer_triton_image", "peer_kserve", "peer_ray", "peer_mlserver")
 """the servers a user would pick instead of handoff (bench/peer/): their models build their sessions on the CPU"""
 
 

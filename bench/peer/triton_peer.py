@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from bench.peer.venvs import peer_python  # noqa: E402
+from bench.peer.venvs import locked, peer_python  # noqa: E402
 from contract.manifest import read_manifest_unchecked  # noqa: E402
 from contract.signature import read_signature  # noqa: E402
 from harness.server import BentoServer, free_port  # noqa: E402
@@ -34,7 +34,8 @@ WHEEL = "nvidia-pytriton==0.7.0"
 TARGET = ROOT / "bench" / ".triton"
 MODEL_NAME = "handoff"  # the same path as the service's protocol: /v2/models/handoff/infer
 MAX_BATCH_SIZE = 32
-STUB_PACKAGES = ("numpy<2",)  # what the Python backend's stub runs the model with (and ONNX Runtime)
+# what the Python backend's stub runs the model with (and ONNX Runtime); Pillow for the image model's decoding
+STUB_PACKAGES = ("numpy<2", locked("pillow"))
 
 TRITON_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "int64": "TYPE_INT64", "int32": "TYPE_INT32"}
 
@@ -61,8 +62,10 @@ def install_triton() -> Path:
     return server
 
 
-def model_repository(folder: Path, export: Path) -> Path:
-    """A Triton model repository serving `export` by its signature: config.pbtxt and 1/model.py."""
+def model_repository(folder: Path, export: Path, images: bool = False) -> Path:
+    """A Triton model repository serving `export` by its signature: config.pbtxt and 1/model.py. With `images`,
+    the model takes encoded image files (`image`, BYTES [N, 1], as handoff's protocol does) instead of the
+    preprocessed tensor, and decodes them itself."""
     signature = read_signature(read_manifest_unchecked(export))
     model = folder / MODEL_NAME
     (model / "1").mkdir(parents=True)
@@ -73,9 +76,10 @@ def model_repository(folder: Path, export: Path) -> Path:
             f'  {{ name: "{t.name}", data_type: {TRITON_TYPES[t.dtype]}, dims: {list(t.shape[1:])} }}' for t in specs
         )
 
+    image_input = '  { name: "image", data_type: TYPE_STRING, dims: [1] }'
     (model / "config.pbtxt").write_text(
         f'name: "{MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
-        f"input [\n{tensors(signature.inputs)}\n]\n"
+        f"input [\n{image_input if images else tensors(signature.inputs)}\n]\n"
         f"output [\n{tensors(signature.outputs)}\n]\n"
         "dynamic_batching { }\n"
         "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
@@ -90,11 +94,11 @@ class TritonServer(BentoServer):
 
     ready_path = "/v2/health/ready"
 
-    def __init__(self, log: Path, export: Path) -> None:
+    def __init__(self, log: Path, export: Path, images: bool = False) -> None:
         server = install_triton()
         python = peer_python("triton", STUB_PACKAGES)
         self.repository = Path(tempfile.mkdtemp(prefix="triton-repo-"))
-        model_repository(self.repository, export)
+        model_repository(self.repository, export, images)
         libraries = TARGET / "nvidia_pytriton.libs"
         env = {
             "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(libraries), os.environ.get("LD_LIBRARY_PATH")])),
