@@ -10,8 +10,9 @@ served 0.55 x what it serves alone (docs/benchmarks.md). With the pause, the sam
 
 The first refusals of an overload go at once (a load balancer moves on to another replica without waiting); only a
 flood is paced. A paused refusal costs a sleeping coroutine and the connection its client already holds; when the
-refusal comes from a handler, its processing slot stays held during the pause, so HANDOFF_MAX_CONCURRENCY bounds
-how many wait at once, and HANDOFF_MAX_CONNECTIONS bounds the rest.
+refusal comes from a handler, its processing slot (and the request's body) stays held during the pause, so
+HANDOFF_MAX_CONCURRENCY bounds how many wait at once; one refused before any handler (no slot free) lets go of its
+body first (serve/router.py), and HANDOFF_MAX_CONNECTIONS bounds how many of those wait.
 """
 
 from __future__ import annotations

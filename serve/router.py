@@ -49,10 +49,14 @@ class Router:
                 send, 400, "the request has both Transfer-Encoding and Content-Length; send one", close=True
             )
         try:
-            await self._dispatch(scope, receive, send)
+            return await self._dispatch(scope, receive, send)
         except ClientError as err:  # refused before any handler ran: the access line records it, no line of its own
-            found = self.match(scope["method"], scope["path"])  # matched again only for a refusal: its route's shape
-            await send_error(send, err, found[0].error_body(err) if found is not None else plain_error(err))
+            # Its traceback's frames hold what the request sent (a body read whole, refused for want of a slot):
+            # let go before the answer, which may be paced (held by no slot, so bounded by no slot either).
+            refused = err.with_traceback(None)
+            refused.__context__ = None
+        found = self.match(scope["method"], scope["path"])  # matched again only for a refusal: its route's shape
+        await send_error(send, refused, found[0].error_body(refused) if found is not None else plain_error(refused))
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = self.match(scope["method"], scope["path"])

@@ -22,17 +22,21 @@ async def never_called(scope, receive, send):
     raise AssertionError("a route's bodies must not reach the app")
 
 
-def router(handler, media_types=frozenset({MULTIPART}), app=never_called, max_concurrency=4, body_timeout_s=5):
+def router(
+    handler, media_types=frozenset({MULTIPART}), app=never_called, max_concurrency=4, body_timeout_s=5, max_bytes=1000
+):
     table = [
         Endpoint("POST", "/classify", "", HANDOFF, handler, BodyRoute(media_types, FIELDS)),
         Endpoint("GET", "/info", "", HANDOFF, handler),
         Endpoint("GET", "/livez", "", BENTOML),
     ]
-    return Router(app, route_matcher(table, "m"), FrontDoor(1000, max_concurrency, body_timeout_s))
+    return Router(app, route_matcher(table, "m"), FrontDoor(max_bytes, max_concurrency, body_timeout_s))
 
 
-def make_client(max_concurrency: int = 4, body_timeout_s: float = 5, handler=count_body, app=never_called):
-    door = router(handler, app=app, max_concurrency=max_concurrency, body_timeout_s=body_timeout_s)
+def make_client(
+    max_concurrency: int = 4, body_timeout_s: float = 5, handler=count_body, app=never_called, max_bytes: int = 1000
+):
+    door = router(handler, app=app, max_concurrency=max_concurrency, body_timeout_s=body_timeout_s, max_bytes=max_bytes)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=door), base_url="http://t")
 
 
