@@ -47,8 +47,13 @@ def free_port() -> int:
 
 if __name__ == "__main__":
     export, folder, port = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    settings = {"http_port": port, "grpc_port": free_port(), "metrics_port": free_port(), "parallel_workers": 1}
-    settings["metrics_dir"] = str(folder / "metrics")  # (its default is .metrics in the working directory)
+    settings: dict[str, object] = {
+        "http_port": port,
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "parallel_workers": 1,
+        "metrics_dir": str(folder / "metrics"),  # by default .metrics in the working directory: the checkout
+    }
     (folder / "settings.json").write_text(json.dumps(settings))
     model = {
         "name": "handoff",
