@@ -382,16 +382,18 @@ class ModelBatcher:
 def _hand_over(jobs: list[_Job], answers: list[Rows | Exception]) -> None:
     """From a lane: each job's answer (or exception) set on the event loop its caller waits on, in one callback."""
     try:
-        jobs[0].future.get_loop().call_soon_threadsafe(_answer, jobs, answers)
+        jobs[0].future.get_loop().call_soon_threadsafe(settle, [job.future for job in jobs], answers)
     except RuntimeError:  # the loop has closed: no caller is left to answer
         pass
 
 
-def _answer(jobs: list[_Job], answers: list[Rows | Exception]) -> None:
-    for job, answer in zip(jobs, answers, strict=True):
-        if job.future.done():  # the caller left
+def settle(futures: list[asyncio.Future[Any]], answers: list[Any]) -> None:
+    """On the event loop: each future given its answer, an exception raised in its caller, a future whose caller
+    left skipped. How the lanes (and the decode pool's threads) answer what they were handed."""
+    for future, answer in zip(futures, answers, strict=True):
+        if future.done():  # the caller left
             continue
-        if isinstance(answer, Exception):
-            job.future.set_exception(answer)
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
         else:
-            job.future.set_result(answer)
+            future.set_result(answer)

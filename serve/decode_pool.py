@@ -22,18 +22,19 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from serve.batching import settle
+
 T = TypeVar("T")
 
 
 class _Work:
-    __slots__ = ("future", "work", "args", "result", "error")
+    __slots__ = ("future", "work", "args", "answer")
 
     def __init__(self, future: asyncio.Future[Any], work: Callable[..., Any], args: tuple[object, ...]) -> None:
         self.future = future
         self.work = work
         self.args = args
-        self.result: Any = None
-        self.error: BaseException | None = None
+        self.answer: Any = None  # what the work returned, or the exception it raised
 
 
 class DecodePool:
@@ -85,9 +86,9 @@ class DecodePool:
             if job.future.done():  # its request left while it waited
                 continue
             try:
-                job.result = self._timed(job.work, job.args)
+                job.answer = self._timed(job.work, job.args)
             except BaseException as err:  # noqa: BLE001 - whatever it is, it is the caller's answer
-                job.error = err
+                job.answer = err
             with self._finished_lock:
                 first = not self._finished
                 self._finished.append(job)
@@ -102,13 +103,7 @@ class DecodePool:
         """On the event loop: every finished piece's result set at once."""
         with self._finished_lock:
             finished, self._finished = self._finished, []
-        for job in finished:
-            if job.future.done():
-                continue
-            if job.error is not None:
-                job.future.set_exception(job.error)
-            else:
-                job.future.set_result(job.result)
+        settle([job.future for job in finished], [job.answer for job in finished])
 
     def _timed(self, work: Callable[..., T], args: tuple[object, ...]) -> T:
         started = time.perf_counter()

@@ -41,8 +41,7 @@ class RefusalPace:
         self.in_window += 1
         return 0.0 if self.in_window <= self.at_once_per_s else min(self.pause_s, retry_after_s)
 
-    async def wait(self, retry_after_s: float | None) -> None:
-        """Wait as `pause_for` says before a refusal is sent; an error without Retry-After is not a refusal for
-        load and never waits."""
-        if retry_after_s is not None and (pause := self.pause_for(retry_after_s)) > 0:
+    async def wait(self, retry_after_s: float) -> None:
+        """Wait as `pause_for` says before a refusal that says Retry-After: `retry_after_s` is sent."""
+        if (pause := self.pause_for(retry_after_s)) > 0:
             await asyncio.sleep(pause)
