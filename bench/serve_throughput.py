@@ -28,6 +28,11 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
 - peer_triton_image (CPU only): the same Triton, its model taking each JPEG as a BYTES `image` and decoding it with
   the service's own preprocessing on a thread per core, sent the same binary infers as ours_oip_image (the JPEGs
   themselves: what /classify and ours_oip_image take);
+- peer_floor_tensor: the floor sent the same protocol binary infers as ours_oip_tensor (Starlette on uvicorn: the
+  least an ASGI server costs such a request);
+- peer_protocol_floor: bench/peer/protocol_floor.py, the floor below ASGI (an asyncio Protocol parsing HTTP
+  with httptools, the same batcher and session), sent the same protocol binary infers as ours_oip_tensor: the
+  least a Python front end costs a request, beside Triton's C++ one;
 - peer_kserve (CPU only): bench/peer/kserve_peer.py, KServe's model server with a `kserve.Model` (no batching of
   its own), the same binary infers;
 - peer_ray (CPU only): bench/peer/ray_peer.py, Ray Serve with `@serve.batch`, the same binary infers;
@@ -82,7 +87,7 @@ from bench.serving import (  # noqa: E402
 from bench.workload import make_jpegs, make_model  # noqa: E402
 from contract.manifest import read_manifest  # noqa: E402
 from contract.pil_transform import Preprocessor  # noqa: E402
-from harness.server import BentoServer  # noqa: E402
+from harness.server import BentoServer, ScriptServer  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
@@ -100,6 +105,8 @@ SERVICES = (
     "ours_oip_tensor_per_core",
     "peer_triton",
     "peer_triton_image",
+    "peer_floor_tensor",
+    "peer_protocol_floor",
     "peer_kserve",
     "peer_ray",
     "peer_mlserver",
@@ -126,6 +133,8 @@ FORM = {
     "ours_oip_tensor_per_core": "oip_tensor",
     "peer_triton": "oip_tensor",
     "peer_triton_image": "oip_image",
+    "peer_floor_tensor": "oip_tensor",
+    "peer_protocol_floor": "oip_tensor",
     "peer_kserve": "oip_tensor",
     "peer_ray": "oip_tensor",
     "peer_mlserver": "oip_json",
@@ -154,15 +163,17 @@ PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:Batched
 def default_sides(device: str) -> list[str]:
     """Every side for the device but the servers instead and the sides measured beside them (JSON, per core):
     those are asked for by name, each server installing its own virtualenv on first use."""
-    opt_in = (*SERVERS_INSTEAD, "ours_oip_json", "ours_oip_tensor_per_core")
+    opt_in = (*SERVERS_INSTEAD, "ours_oip_json", "ours_oip_tensor_per_core", "peer_floor_tensor", "peer_protocol_floor")
     return [name for name in SERVICES if (device == "cpu" or name not in CPU_ONLY) and name not in opt_in]
 
 
 def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT) -> BentoServer:
-    if name == "peer_floor":
+    if name in ("peer_floor", "peer_floor_tensor"):
         return floor_server(log, folder, device)
     if name == "peer_litserve":
         return litserve_server(log, folder, device)
+    if name == "peer_protocol_floor":
+        return ScriptServer(log, ROOT / "bench" / "peer" / "protocol_floor.py", str(folder), device)
     if name in ("peer_triton", "peer_triton_image"):
         return TritonServer(log, folder, images=name == "peer_triton_image")
     if name == "peer_kserve":

@@ -5,7 +5,9 @@ no metrics, no access log. Used by bench/serve_throughput.py as the side `peer_f
 
     python bench/peer/floor.py MODEL_DIR cpu|cuda [--workers N [--shared-model]] PORT
 
-POST /classify takes the JPEG as the body and answers {"index": top-1}; GET /readyz answers 200 once loaded.
+POST /classify takes the JPEG as the body and answers {"index": top-1}; POST /v2/models/{name}/infer the protocol's
+binary infer of the preprocessed tensor (bench/peer/oip_tensor.py), answering its logits; GET /readyz answers 200
+once loaded.
 With N workers (bench/workers.py), each is a uvicorn process with its own event loop and decoders, and either
 its own ONNX Runtime session on its share of the cores, or, with --shared-model, none: all send their rows to
 one model process (bench/peer/model_process.py) that holds the session and batches across them.
@@ -32,6 +34,7 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.peer.model_process import ModelClient, SessionModel  # noqa: E402
+from bench.peer.oip_tensor import HEADER_LENGTH, answer_of, rows_of  # noqa: E402
 from contract.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
 from contract.pil_transform import Preprocessor  # noqa: E402
 from harness.server import ScriptServer  # noqa: E402
@@ -57,6 +60,11 @@ def app(folder: Path, device: str, workers: int = 1, model_socket: str | None = 
         logits = await model(row[None])
         return JSONResponse({"index": int(logits[0].argmax())})
 
+    async def infer(request: Request) -> Response:
+        body = await request.body()
+        logits = await model(rows_of(body, int(request.headers[HEADER_LENGTH])))
+        return Response(answer_of(logits), media_type="application/json")
+
     async def ready(request: Request) -> Response:
         return Response(status_code=200)
 
@@ -73,6 +81,7 @@ def app(folder: Path, device: str, workers: int = 1, model_socket: str | None = 
         lifespan=lifespan,
         routes=[
             Route("/classify", classify, methods=["POST"]),
+            Route("/v2/models/{name}/infer", infer, methods=["POST"]),
             Route("/readyz", ready),
             Route("/provider", provider, methods=["POST"]),
         ],

@@ -56,7 +56,7 @@ def test_schemathesis_finds_no_server_error(server, tmp_path: Path):
             "--checks",
             "not_a_server_error",
             "--max-examples",
-            "200",
+            "100",  # per operation (28): CI's time; a fixed seed, so every run tries the same requests
             "--seed",
             "1",
             "--workers",
