@@ -42,8 +42,8 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
   (HANDOFF_WORKERS; each worker's model then runs on one thread);
 - ours_oip_tensor_per_core (CPU only): ours_oip_tensor's binary infers to one worker per core, beside Triton;
 - at_NAME (with --baseline DIR): the service of another checkout of handoff (`git worktree add DIR COMMIT`),
-  served and loaded as ours_raw_body (or, with --baseline-form multipart, as ours): the A/B of a change to the
-  service, in the same rounds.
+  served and loaded as ours_raw_body (or, with --baseline-form multipart or oip_tensor, as ours or
+  ours_oip_tensor): the A/B of a change to the service, in the same rounds.
 Each round measures the limit, then starts, loads and stops every service (the order rotates from round to
 round and reverses in every other pair of rounds: bench/results.side_order); figures are medians over rounds,
 and each side at c=64 is also divided by its own round's limit, round by round (paired, so drift between rounds
@@ -244,9 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--baseline-form",
-        choices=("raw", "multipart"),
+        choices=("raw", "multipart", "oip_tensor"),
         default="raw",
-        help="what the --baseline sides are sent: raw JPEG bodies (as ours_raw_body) or the multipart form (as ours)",
+        help="what the --baseline sides are sent: raw JPEG bodies (as ours_raw_body), the multipart form (as ours) or "
+        "the protocol's binary infers of the preprocessed tensors (as ours_oip_tensor)",
     )
     args = p.parse_args(argv)
     checkouts = {f"{BASELINE}{path.name}": path.resolve() for path in args.baseline}

@@ -3,16 +3,17 @@ answered 504, as BentoML's own TimeoutMiddleware does, at less cost per request.
 
 BentoML's runs each request in a task of its own and arms a timer it never cancels: every answered request
 leaves its timer, future and closures on the event loop until the timeout passes (60 s of requests, ~4 KB
-each), and pays a task switch. This one cancels the request in place (`asyncio.timeout`), disarms the timer
-at the response's first message, and frees it when the request ends. BentoML builds it in its own middleware's
-place (serve/patches.py: no configuration leaves BentoML's out).
+each), and pays a task switch. This one cancels the request in place (an `asyncio.timeout` that
+serve/deadline_sweep.py expires, with no timer of its own), drops the deadline at the response's first message,
+and frees it when the request ends. BentoML builds it in its own middleware's place (serve/patches.py: no
+configuration leaves BentoML's out).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
+from serve.deadline_sweep import DeadlineSweep
 from serve.front_door import Receive, Scope, Send, send_json
 
 
@@ -25,15 +26,15 @@ class ResponseDeadline:
         ResponseDeadline.built = True
         self.app = app
         self.timeout = timeout
+        self.sweep = DeadlineSweep(timeout)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        deadline = asyncio.timeout(self.timeout)
+        deadline = self.sweep.deadline()
 
         async def started_send(message: dict[str, Any]) -> None:
-            if deadline.when() is not None:
-                deadline.reschedule(None)  # the response has begun: no deadline from here on
+            self.sweep.forget(deadline)  # the response has begun: no deadline from here on
             await send(message)
 
         try:

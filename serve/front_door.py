@@ -13,7 +13,6 @@ body deadline, never the slots the model's requests need.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,6 +23,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from contract.errors import ClientError
+from serve.deadline_sweep import DeadlineSweep
 from serve.form import read_form
 
 Scope = dict[str, Any]
@@ -98,6 +98,7 @@ class FrontDoor:
     ) -> None:
         self.max_bytes = max_bytes
         self.body_timeout_s = body_timeout_s
+        self.body_deadlines = DeadlineSweep(body_timeout_s)
         self.processing = Slots(max_concurrency)  # requests whose body is in, being answered
         # Uploads still arriving: cheap while they stall (a socket, a few bytes), and each lasts at most the
         # deadline, so more of them than of requests in progress may wait at once; but never more than half the
@@ -119,7 +120,7 @@ class FrontDoor:
             raise ClientError(f"{scope['path']} takes {accepted}, not {sent or 'a body without a type'}", 415)
         if not self.reading.free:
             raise ClientError("too many uploads in progress; retry shortly", 429, retry_after_s=1)
-        deadline = asyncio.timeout(self.body_timeout_s)
+        deadline = self.body_deadlines.deadline()
         try:
             with self.reading:
                 async with deadline:

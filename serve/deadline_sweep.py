@@ -1,0 +1,81 @@
+"""Deadlines of one length, checked by one timer a tick instead of a timer armed and cancelled for each request.
+
+Every request has two deadlines (its body's, serve/front_door.py, and its response's, serve/deadline.py), and
+nearly every request meets both. `asyncio.timeout(seconds)` arms a timer on entry and cancels it on exit: at
+c=64 on the digits model, arming, moving and cancelling them took ~8% of the event loop's samples (py-spy). Here
+each deadline is an `asyncio.timeout(None)` (no timer of its own) recorded with the time it is due; one timer
+a tick, running only while some deadline is recorded, expires those that are due (`reschedule` to now: the
+request's task is cancelled where it entered the deadline, which raises TimeoutError there, as asyncio.timeout
+does). Because every deadline of a sweep has the same length, the order they were recorded in is the order they
+fall due, and a tick looks only at those due. A deadline expires up to a tick late: a tick is a tenth of the
+length, at most 0.1 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+
+MAX_TICK_S = 0.1
+
+
+class SweptDeadline:
+    """`async with sweep.deadline() as deadline:` cancels the body past the sweep's length (TimeoutError, and
+    `deadline.expired()`), unless `sweep.forget(deadline)` first."""
+
+    __slots__ = ("sweep", "timeout")
+
+    def __init__(self, sweep: DeadlineSweep) -> None:
+        self.sweep = sweep
+        self.timeout = asyncio.timeout(None)
+
+    def expired(self) -> bool:
+        return self.timeout.expired()
+
+    async def __aenter__(self) -> SweptDeadline:
+        await self.timeout.__aenter__()
+        self.sweep._record(self)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.sweep.forget(self)
+        await self.timeout.__aexit__(kind, error, traceback)  # raises TimeoutError in place of its cancellation
+
+
+class DeadlineSweep:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.tick_s = min(MAX_TICK_S, seconds / 10)
+        self.due: dict[SweptDeadline, float] = {}  # recorded deadlines, in the order they fall due
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.ticking: asyncio.TimerHandle | None = None
+
+    def deadline(self) -> SweptDeadline:
+        return SweptDeadline(self)
+
+    def forget(self, deadline: SweptDeadline) -> None:
+        """No deadline from here on (a response has begun); entering and leaving it stays as cheap."""
+        self.due.pop(deadline, None)
+
+    def _record(self, deadline: SweptDeadline) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:  # a sweep outlives an event loop only in tests: begin afresh on the new one
+            self.loop, self.due, self.ticking = loop, {}, None
+        self.due[deadline] = loop.time() + self.seconds
+        if self.ticking is None:
+            self.ticking = loop.call_later(self.tick_s, self._tick)
+
+    def _tick(self) -> None:
+        assert self.loop is not None
+        now = self.loop.time()
+        expired = []
+        for deadline, due in self.due.items():
+            if due > now:
+                break
+            expired.append(deadline)
+        for deadline in expired:
+            del self.due[deadline]
+            deadline.timeout.reschedule(now)  # due: its task is cancelled on the loop's next turn
+        self.ticking = self.loop.call_later(self.tick_s, self._tick) if self.due else None
