@@ -2,7 +2,7 @@
 
 Every request has two deadlines (its body's, serve/front_door.py, and its response's, serve/deadline.py), and
 nearly every request meets both. `asyncio.timeout(seconds)` arms a timer on entry and cancels it on exit: at
-c=64 on the digits model, arming, moving and cancelling them took ~8% of the event loop's samples (py-spy). Here
+c=64 on the digits model, arming, moving and cancelling them took ~9% of the event loop's samples (py-spy). Here
 each deadline is an `asyncio.timeout(None)` (no timer of its own) recorded with the time it is due; one timer
 a tick, running only while some deadline is recorded, expires those that are due (`reschedule` to now: the
 request's task is cancelled where it entered the deadline, which raises TimeoutError there, as asyncio.timeout
