@@ -31,6 +31,8 @@ sys.path.insert(0, str(ROOT))
 from bench.peer.model_process import SessionModel  # noqa: E402
 from bench.peer.oip_tensor import HEADER_LENGTH, answer_of, rows_of  # noqa: E402
 
+HEADER_NAME = HEADER_LENGTH.encode()  # as httptools hands a header's name over
+
 
 def response(status: bytes, body: bytes, keep_alive: bool) -> bytes:
     connection = b"keep-alive" if keep_alive else b"close"
@@ -54,7 +56,8 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            self._write(response(b"400 Bad Request", b'{"error": "bad request"}', False))
+            self.transport.write(response(b"400 Bad Request", b'{"error": "bad request"}', False))
+            self.transport.close()
 
     # httptools' callbacks
     def on_message_begin(self) -> None:
@@ -64,7 +67,7 @@ class Connection(asyncio.Protocol):
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == HEADER_LENGTH.encode():
+        if name.lower() == HEADER_NAME:
             self.header_length = int(value)
 
     def on_body(self, body: bytes) -> None:
@@ -74,16 +77,13 @@ class Connection(asyncio.Protocol):
         keep_alive = self.parser.should_keep_alive()
         if not self.url.endswith(b"/infer"):
             about = {"provider": self.model.provider} if self.url == b"/provider" else {}
-            self._write(response(b"200 OK", orjson.dumps(about), keep_alive))
+            self.transport.write(response(b"200 OK", orjson.dumps(about), keep_alive))
             return
         answer = asyncio.ensure_future(self.model(rows_of(self.body, self.header_length)))
         answer.add_done_callback(lambda done: self._answer(done, keep_alive))
 
     def _answer(self, done: asyncio.Future[Any], keep_alive: bool) -> None:
-        self._write(response(b"200 OK", answer_of(done.result()), keep_alive))
-
-    def _write(self, data: bytes) -> None:
-        self.transport.write(data)
+        self.transport.write(response(b"200 OK", answer_of(done.result()), keep_alive))
 
 
 async def serve(folder: Path, device: str, port: int) -> None:
