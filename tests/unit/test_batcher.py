@@ -374,7 +374,7 @@ def test_a_batcher_that_refuses_every_request_says_so_and_recovers(monkeypatch):
 
     async def go():
         batcher = ModelBatcher(model, max_batch_size=1, max_latency_ms=20)
-        await batcher(np.full((1, 1), 1.0))  # measured: fast
+        await _first_answer(batcher, np.full((1, 1), 1.0))  # measured: fast
         refused = []
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(batcher, np.full((1, 1), -1.0))  # wedges the model
@@ -392,6 +392,17 @@ def test_a_batcher_that_refuses_every_request_says_so_and_recovers(monkeypatch):
     assert refused and set(refused) == {503}
     assert said is not None and "every request refused" in said
     assert then is None and after[0, 0] == 2.0
+
+
+async def _first_answer(batcher: ModelBatcher, rows: np.ndarray) -> np.ndarray:
+    """The first answer of a batcher with a tight budget: on a loaded machine its lane's thread can take longer
+    to start than the budget, and that first request is refused (as it should be); the next finds the lane."""
+    for _ in range(20):
+        try:
+            return await batcher(rows)
+        except ClientError:
+            await anyio.sleep(0.05)
+    raise AssertionError("the batcher never answered")
 
 
 async def _refusal_of(batcher: ModelBatcher, rows: np.ndarray, refused: list) -> None:
