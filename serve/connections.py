@@ -32,6 +32,7 @@ import logging
 import resource
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,8 +120,11 @@ class _Shedding:
             self.logged_at = now
 
 
-def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[asyncio.Protocol]:
-    """A subclass of uvicorn's HTTP protocol class `protocol` that enforces `limits`."""
+def guarded(
+    protocol: type[asyncio.Protocol], limits: ConnectionLimits, app_around: Callable[[Any], Any] | None = None
+) -> type[asyncio.Protocol]:
+    """A subclass of uvicorn's HTTP protocol class `protocol` that enforces `limits`; `app_around`, given uvicorn's
+    app, returns the app its connections call instead (serve/front.py)."""
     cap = limits.effective_max()
     shedding = _Shedding()
     counts_headers = hasattr(protocol, "on_headers_complete")  # httptools' callbacks, which the counting needs
@@ -136,6 +140,8 @@ def guarded(protocol: type[asyncio.Protocol], limits: ConnectionLimits) -> type[
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.timeout_keep_alive = limits.keep_alive_s  # uvicorn's attribute, read after each response
+            if app_around is not None:  # uvicorn's attribute: the app each request of this connection calls
+                self.app = app_around(self.app)  # type: ignore[has-type]
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)

@@ -5,8 +5,9 @@ BentoML's runs each request in a task of its own and arms a timer it never cance
 leaves its timer, future and closures on the event loop until the timeout passes (60 s of requests, ~4 KB
 each), and pays a task switch. This one cancels the request in place (an `asyncio.timeout` that
 serve/deadline_sweep.py expires, with no timer of its own), drops the deadline at the response's first message,
-and frees it when the request ends. BentoML builds it in its own middleware's place (serve/patches.py: no
-configuration leaves BentoML's out).
+and frees it when the request ends. It is the outermost of handoff's middlewares (serve/front.py), and BentoML
+builds it in its own middleware's place for the requests its app answers (serve/patches.py: no configuration
+leaves BentoML's out).
 """
 
 from __future__ import annotations
@@ -20,10 +21,7 @@ from serve.front_door import Receive, Scope, Send, send_json
 class ResponseDeadline:
     """Stands in for bentoml's TimeoutMiddleware, with its arguments and its answer."""
 
-    built = False  # set once BentoML has built one: serve/patches.py's start-up self-check
-
     def __init__(self, app: Any, timeout: float) -> None:
-        ResponseDeadline.built = True
         self.app = app
         self.timeout = timeout
         self.sweep = DeadlineSweep(timeout)

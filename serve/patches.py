@@ -10,7 +10,8 @@ handoff patches its dependencies", has the reproductions):
    so serve/deadline.py's ResponseDeadline, with the same argument and the same 504, is built in its place.
 2. uvicorn's HTTP protocol. The bounds on connections (serve/connections.py) live below HTTP, where no ASGI
    middleware reaches; uvicorn takes a protocol class (`Config(http=...)`), but BentoML's worker builds its
-   `uvicorn.Config` without passing one. So uvicorn's default ("auto") class is the guarded subclass.
+   `uvicorn.Config` without passing one. So uvicorn's default ("auto") class is the guarded subclass. It also
+   puts handoff's middlewares in front of BentoML's app where the service asks it to (serve/front.py).
 
 Each replacement records that it took effect (ResponseDeadline when BentoML builds it, the guarded protocol
 when it serves a connection): `not_in_effect()` names any that did not, and the service stays not ready
@@ -21,6 +22,8 @@ defect, so the patch can go.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 from serve.connections import ConnectionLimits, guarded
 from serve.deadline import ResponseDeadline
@@ -29,19 +32,30 @@ TIMEOUT_MODULE, TIMEOUT_CLASS = "bentoml._internal.server.http.traffic", "Timeou
 PROTOCOL_MODULE, PROTOCOL_CLASS = "uvicorn.protocols.http.auto", "AutoHTTPProtocol"
 
 
-def install(limits: ConnectionLimits) -> None:
-    """Both replacements, before BentoML builds its app and its worker starts uvicorn (at import, in the worker)."""
-    setattr(importlib.import_module(TIMEOUT_MODULE), TIMEOUT_CLASS, ResponseDeadline)
+class BentoMLsDeadline(ResponseDeadline):
+    """ResponseDeadline where BentoML builds its TimeoutMiddleware, recording that it did (the self-check)."""
+
+    built = False
+
+    def __init__(self, app: Any, timeout: float) -> None:
+        super().__init__(app, timeout)
+        BentoMLsDeadline.built = True
+
+
+def install(limits: ConnectionLimits, app_around: Callable[[Any], Any] | None = None) -> None:
+    """Both replacements, before BentoML builds its app and its worker starts uvicorn (at import, in the worker);
+    `app_around`: see serve/connections.py's `guarded`."""
+    setattr(importlib.import_module(TIMEOUT_MODULE), TIMEOUT_CLASS, BentoMLsDeadline)
     protocols = importlib.import_module(PROTOCOL_MODULE)
     if not getattr(getattr(protocols, PROTOCOL_CLASS), "handoff_guarded", False):
-        setattr(protocols, PROTOCOL_CLASS, guarded(getattr(protocols, PROTOCOL_CLASS), limits))
+        setattr(protocols, PROTOCOL_CLASS, guarded(getattr(protocols, PROTOCOL_CLASS), limits, app_around))
 
 
 def not_in_effect() -> str | None:
     """Why the service must not be ready: a replacement upstream no longer picks up. Asked once a request has
     arrived (the readiness probe's own), by when BentoML has built its app and uvicorn served a connection."""
     missing = []
-    if not ResponseDeadline.built:
+    if not BentoMLsDeadline.built:
         missing.append(f"the request deadline ({TIMEOUT_MODULE}.{TIMEOUT_CLASS} was not replaced)")
     protocol = getattr(importlib.import_module(PROTOCOL_MODULE), PROTOCOL_CLASS)
     if not getattr(protocol, "connections_served", 0):

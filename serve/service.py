@@ -9,8 +9,9 @@ HANDOFF_WORKERS, HANDOFF_MODEL_SHA256, HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATEN
 The service is thin: it loads the manifest (only bytes it vouches for are served), picks the task that serves the
 manifest's `task` (serve/tasks/), the runtime and the batcher. Every route, and who answers it, is one table
 (serve/routes.py), dispatched by one router (serve/router.py). BentoML is configured through its settings
-(SERVICE_CONFIG below) and handoff's middlewares are added with add_asgi_middleware; serve/patches.py holds the two
-replacements of upstream code that have no public way in, each checked before the service reports ready.
+(SERVICE_CONFIG below); handoff's middlewares are called by uvicorn in front of BentoML's app (serve/front.py), or
+added to it with add_asgi_middleware where the user traces; serve/patches.py holds the two replacements of upstream
+code that have no public way in, each checked before the service reports ready.
 
 Decoding and preprocessing run in worker threads outside the batched call; only validated rows reach the batcher
 (serve/batching.py), so a bad request can never fail the good ones batched with it.
@@ -36,8 +37,10 @@ from serve.auth import ApiKeyGate
 from serve.batching import ModelBatcher, ModelFailed
 from serve.config import ServeConfig
 from serve.connections import ConnectionLimits
+from serve.deadline import ResponseDeadline
 from serve.decode_pool import DecodePool
 from serve.endpoint import Answer, Incoming, RouteSchema, known_paths, open_paths, route_matcher
+from serve.front import Front
 from serve.front_door import FrontDoor
 from serve.info import service_info
 from serve.lanes import Lanes, arrange
@@ -64,7 +67,6 @@ CONNECTION_LIMITS = ConnectionLimits(
     CONFIG.max_header_kb * 1024,
     CONFIG.write_timeout_s,
 )
-patches.install(CONNECTION_LIMITS)  # the two last resorts, checked when the service is asked if it is ready
 
 PROTOCOL = ProtocolSurface(CONFIG.model_name, VERSION, get_current_service)
 ROUTES = endpoints(PROTOCOL, "handoff", VERSION)  # every route the service answers: serve/routes.py
@@ -235,15 +237,26 @@ class ModelService:
         return service_info(self, VERSION, PROTOCOL.describe())
 
 
-SERVICE: Any = ModelService  # the bentoml.Service the decorator made: its middlewares, outermost first
-if CONFIG.access_log:
-    SERVICE.add_asgi_middleware(AccessLine)
-SERVICE.add_asgi_middleware(RequestMetrics, known_paths=known_paths(ROUTES, CONFIG.model_name))
-SERVICE.add_asgi_middleware(ApiKeyGate, keys=CONFIG.api_keys, open_paths=open_paths(ROUTES, CONFIG.model_name))
-SERVICE.add_asgi_middleware(
-    Router,
-    match=route_matcher(ROUTES, CONFIG.model_name),
-    front_door=FrontDoor(
-        CONFIG.max_body_bytes, CONFIG.max_concurrency, CONFIG.body_timeout_s, CONNECTION_LIMITS.effective_max()
+SERVICE: Any = ModelService  # the bentoml.Service the decorator made
+MIDDLEWARES: list[tuple[type, dict[str, Any]]] = [  # handoff's, outermost first
+    *([(AccessLine, {})] if CONFIG.access_log else []),
+    (RequestMetrics, {"known_paths": known_paths(ROUTES, CONFIG.model_name)}),
+    (ApiKeyGate, {"keys": CONFIG.api_keys, "open_paths": open_paths(ROUTES, CONFIG.model_name)}),
+    (
+        Router,
+        {
+            "match": route_matcher(ROUTES, CONFIG.model_name),
+            "front_door": FrontDoor(
+                CONFIG.max_body_bytes, CONFIG.max_concurrency, CONFIG.body_timeout_s, CONNECTION_LIMITS.effective_max()
+            ),
+        },
     ),
-)
+]
+if SERVICE_CONFIG["tracing"]:  # no traces: uvicorn calls the middlewares, in front of BentoML's app
+    FRONT: Front | None = Front([(ResponseDeadline, {"timeout": CONFIG.timeout_s}), *MIDDLEWARES])
+else:  # the user traces: BentoML's app calls them, inside its span and its deadline
+    FRONT = None
+    for middleware, options in MIDDLEWARES:
+        SERVICE.add_asgi_middleware(middleware, **options)
+# The two last resorts, checked when the service is asked if it is ready; before BentoML builds its app.
+patches.install(CONNECTION_LIMITS, FRONT.around if FRONT is not None else None)
