@@ -123,6 +123,7 @@ OURS = (
     "ours_oip_tensor_per_core",
 )
 PEER_SIDES = tuple(name for name in SERVICES if name not in OURS)
+PREPROCESSED = ("oip_tensor", "oip_json")  # forms whose client sends the preprocessed tensor, not the JPEG
 # What each side sends for an image (bench/load.py's forms); the others send the multipart form.
 FORM = {
     "peer_floor": "raw",
@@ -154,7 +155,10 @@ CPU_ONLY = (
 )
 # tracing "configured" (serve/tracing.py keeps the span middleware) with next to no trace ever sampled
 SPANS_KEPT = "tracing.exporter_type=in_memory tracing.sample_rate=0.000001"
-GOAL = "CPU: ours >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; GPU: >= 2 x peer_minimal at c=64"
+GOAL = (
+    "CPU: ours (a form that sends JPEGs) >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; "
+    "GPU: >= 2 x peer_minimal at c=64"
+)
 
 
 PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:BatchedPeer"}
@@ -300,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"client CPU share of the machine, {ours} at c=64"] = (
             f"{100 * median[ours]['64']['client_cpu_share']:.1f}%"
         )
-        if args.device == "cpu" and ratios[f"{ours}_over_limit_c64"] >= 0.9 and added_ms <= 3:
+        decodes = FORM.get(ours) not in PREPROCESSED  # the limit decodes JPEGs: held only against a side that does
+        if args.device == "cpu" and decodes and ratios[f"{ours}_over_limit_c64"] >= 0.9 and added_ms <= 3:
             met_by.append(ours)
         if args.device == "cuda" and ratios.get(f"{ours}_over_peer_minimal_c64", 0) >= 2:
             met_by.append(ours)
