@@ -9,6 +9,9 @@ these bounds live in uvicorn's HTTP protocol: `guarded` makes a subclass of uvic
 them, which serve/patches.py makes uvicorn's default before BentoML's worker starts it (uvicorn's range in
 pyproject.toml is narrow for that reason; tests/test_serve_attacks.py holds it to its promises).
 
+The idle and header deadlines are each watched by one timer a tick (serve/deadline_sweep.py), not a timer armed
+and cancelled for every request's first byte.
+
 At the cap, a new connection sheds the oldest one that has no request in progress (idle, or still sending
 its headers), so a probe that connects afresh is answered even while thousands of idle sockets are open; only
 when every connection is busy with a request is the new one closed. Each shed is counted and logged, at most
@@ -35,6 +38,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from serve.deadline_sweep import DeadlineSweep
 
 log = logging.getLogger("bentoml.handoff.connections")
 
@@ -127,12 +132,14 @@ def guarded(
     app, returns the app its connections call instead (serve/front.py)."""
     cap = limits.effective_max()
     shedding = _Shedding()
+    # A fresh connection's first byte, and each request's headers, are waited for under one timer a tick each.
+    idle_deadlines = DeadlineSweep(limits.idle_timeout_s, lambda connection: connection._expire(idle=True))
+    header_deadlines = DeadlineSweep(limits.header_timeout_s, lambda connection: connection._expire(idle=False))
     counts_headers = hasattr(protocol, "on_headers_complete")  # httptools' callbacks, which the counting needs
 
     class GuardedProtocol(protocol):  # type: ignore[misc, valid-type]
         connections_served = 0
-        deadline: asyncio.TimerHandle | None = None
-        deadline_is_idle = False
+        deadline: DeadlineSweep | None = None  # the sweep watching this connection, if one is
         write_deadline: asyncio.TimerHandle | None = None
         header_bytes = 0  # received while the request's headers are incomplete
         headers_done = False
@@ -152,7 +159,7 @@ def guarded(
                 transport.close()
                 return
             shedding.open[self] = None
-            self._arm(limits.idle_timeout_s, idle=True)
+            self._arm(idle_deadlines)
 
         def connection_lost(self, exc: Exception | None) -> None:
             shedding.open.pop(self, None)
@@ -161,9 +168,9 @@ def guarded(
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if not self._in_request() and (self.deadline is None or self.deadline_is_idle):
+            if not self._in_request() and self.deadline is not header_deadlines:
                 # A request's first byte: its headers have this long, counted from now however fast they stream.
-                self._arm(limits.header_timeout_s, idle=False)
+                self._arm(header_deadlines)
             super().data_received(data)
             # Counted after parsing, so that a body read with its headers is not. (h11 bounds headers itself.)
             if counts_headers and not self.headers_done:
@@ -226,14 +233,14 @@ def guarded(
             cycle = getattr(self, "cycle", None)
             return cycle is not None and not cycle.response_complete
 
-        def _arm(self, seconds: float, idle: bool) -> None:
+        def _arm(self, sweep: DeadlineSweep) -> None:
             self._disarm()
-            self.deadline = self.loop.call_later(seconds, self._expire, idle)
-            self.deadline_is_idle = idle
+            sweep.record(self)
+            self.deadline = sweep
 
         def _disarm(self) -> None:
             if self.deadline is not None:
-                self.deadline.cancel()
+                self.deadline.forget(self)
                 self.deadline = None
 
         def _expire(self, idle: bool) -> None:

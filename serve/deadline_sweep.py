@@ -9,12 +9,21 @@ request's task is cancelled where it entered the deadline, which raises TimeoutE
 does). Because every deadline of a sweep has the same length, the order they were recorded in is the order they
 fall due, and a tick looks only at those due. A deadline expires up to a tick late: a tick is a tenth of the
 length, at most 0.1 s.
+
+A sweep also watches deadlines that are not a coroutine's: `record(key)` and `forget(key)`, with the sweep's
+`on_due(key)` called when one falls due (serve/connections.py's deadline for a request's headers, armed at
+every request's first byte).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any
+
+log = logging.getLogger("bentoml.handoff.deadlines")
 
 MAX_TICK_S = 0.1
 
@@ -34,7 +43,7 @@ class SweptDeadline:
 
     async def __aenter__(self) -> SweptDeadline:
         await self.timeout.__aenter__()
-        self.sweep._record(self)
+        self.sweep.record(self)
         return self
 
     async def __aexit__(
@@ -43,39 +52,50 @@ class SweptDeadline:
         self.sweep.forget(self)
         await self.timeout.__aexit__(kind, error, traceback)  # raises TimeoutError in place of its cancellation
 
+    @staticmethod
+    def due(deadline: SweptDeadline) -> None:
+        """Its task is cancelled on the loop's next turn."""
+        deadline.timeout.reschedule(asyncio.get_running_loop().time())
+
 
 class DeadlineSweep:
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, on_due: Callable[[Any], None] = SweptDeadline.due) -> None:
         self.seconds = seconds
+        self.on_due = on_due
         self.tick_s = min(MAX_TICK_S, seconds / 10)
-        self.due: dict[SweptDeadline, float] = {}  # recorded deadlines, in the order they fall due
+        self.due: dict[Any, float] = {}  # recorded deadlines, in the order they fall due
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ticking: asyncio.TimerHandle | None = None
 
     def deadline(self) -> SweptDeadline:
         return SweptDeadline(self)
 
-    def forget(self, deadline: SweptDeadline) -> None:
-        """No deadline from here on (a response has begun); entering and leaving it stays as cheap."""
-        self.due.pop(deadline, None)
-
-    def _record(self, deadline: SweptDeadline) -> None:
+    def record(self, key: Any) -> None:
+        """`key`'s deadline: `on_due(key)` the sweep's length from now, unless forgotten first."""
         loop = asyncio.get_running_loop()
         if loop is not self.loop:  # a sweep outlives an event loop only in tests: begin afresh on the new one
             self.loop, self.due, self.ticking = loop, {}, None
-        self.due[deadline] = loop.time() + self.seconds
+        self.due.pop(key, None)  # recorded again: due later, so last in the order
+        self.due[key] = loop.time() + self.seconds
         if self.ticking is None:
             self.ticking = loop.call_later(self.tick_s, self._tick)
+
+    def forget(self, key: Any) -> None:
+        """No deadline from here on (a response has begun); entering and leaving it stays as cheap."""
+        self.due.pop(key, None)
 
     def _tick(self) -> None:
         assert self.loop is not None
         now = self.loop.time()
         expired = []
-        for deadline, due in self.due.items():
+        for key, due in self.due.items():
             if due > now:
                 break
-            expired.append(deadline)
-        for deadline in expired:
-            del self.due[deadline]
-            deadline.timeout.reschedule(now)  # due: its task is cancelled on the loop's next turn
+            expired.append(key)
+        for key in expired:
+            del self.due[key]
+            try:
+                self.on_due(key)
+            except Exception:  # noqa: BLE001 - one deadline's fault must not stop the sweep for the others
+                log.exception("a deadline's expiry failed")
         self.ticking = self.loop.call_later(self.tick_s, self._tick) if self.due else None

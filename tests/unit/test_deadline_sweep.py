@@ -101,3 +101,32 @@ def test_a_sweep_serves_a_second_event_loop():
     asyncio.run(met())
     assert sweep.ticking is not None  # armed on a loop that is gone
     assert asyncio.run(stuck()) and asyncio.run(stuck())
+
+
+def test_keys_recorded_fall_due_in_turn_and_a_failing_expiry_stops_none_of_the_others():
+    """A sweep of keys (serve/connections.py's header deadlines): `on_due` for each recorded and not forgotten,
+    a key recorded again is due from then, and one whose expiry raises leaves the sweep running."""
+    called: list[tuple[str, float]] = []
+
+    def on_due(key: str) -> None:
+        called.append((key, time.monotonic()))
+        if key == "faulty":
+            raise RuntimeError("an expiry's own fault")
+
+    sweep = DeadlineSweep(0.2, on_due)
+
+    async def watch() -> float:
+        started = time.monotonic()
+        for key in ("faulty", "idle", "met", "later"):
+            sweep.record(key)
+        sweep.forget("met")
+        await asyncio.sleep(0.1)
+        sweep.record("later")  # recorded again: due 0.2 s from now
+        await asyncio.sleep(0.5)
+        return started
+
+    started = asyncio.run(watch())
+    assert [key for key, _ in called] == ["faulty", "idle", "later"]
+    at = dict(called)
+    assert 0.2 <= at["idle"] - started < 0.2 + sweep.tick_s + 0.1 and at["later"] - started >= 0.3
+    assert sweep.due == {} and sweep.ticking is None
