@@ -8,8 +8,12 @@ calling thread; the weights are held once). Which arrangement is faster depends 
 on a 2-core Xeon a ViT the size of DeiT-tiny ran 54 images/s as one call on both cores at batch 1 and 96 as two
 calls of one thread each, and its rate fell at larger batches in both; a model large enough to keep its threads
 busy gains less, and a lone request's call is up to twice as fast on two threads. So both are timed at the batch
-sizes the service will run, and lanes are taken only when they are clearly faster (LANES_GAIN), or faster at all
-where a lone request loses little on one thread (LONE_SLOWDOWN).
+sizes the service will run, and lanes are taken when they are faster at all where a lone request loses little on
+one thread (LONE_SLOWDOWN), else only when they gain at least what a lone request loses, and clearly
+(LANES_GAIN). The model's rate is not the service's: where the model is cheap beside the HTTP work around it (the
+demo's digits model), the event loop sets the pace under load, lanes add nothing there, and a lone request pays
+for them: two lanes of one thread answered it in 2.7-4.5 ms at the median, one lane of two in 2.1-2.3 ms, with
+no fewer requests a second at c=64 (docs/history.md).
 
 The choice is made once, at load: a host busy with other work at that moment may make it otherwise (/info shows
 what was measured; HANDOFF_LANES fixes it). The model is timed on zeros, a dimension that is not fixed (a text
@@ -39,8 +43,9 @@ from serve.runtime import Runtime, RuntimeUnavailable
 log = logging.getLogger("bentoml.handoff.lanes")
 
 LANES_GAIN = 1.1
-"""lanes are taken when their best rate is this much above one lane's: below it, a lone request's latency (one
-thread instead of all of them) is worth more than the throughput"""
+"""lanes are taken when their best rate is this much above one lane's, and above it by as much as a lone row's
+call is slower on one thread: below that, a lone request's latency (one thread instead of all of them) is worth
+more than the throughput"""
 LONE_SLOWDOWN = 1.15
 """unless a call of one row is at most this much slower on one thread than on all of them: then lanes cost a lone
 request little, and are taken when they are faster at all (a small text model gains 1.07-1.24 x on the sample,
@@ -155,7 +160,8 @@ def decide(one_lane: dict[int, float], lanes: dict[int, float], count: int, max_
     gain = max(lanes.values()) / max(one_lane.values())
     # a lone row's call on one thread against all of them (the lanes' rate at batch 1 is `count` such calls at once)
     lone_slowdown = one_lane[1] / (lanes[1] / count) if 1 in one_lane and 1 in lanes else math.inf
-    use_lanes = gain >= LANES_GAIN or (gain > 1 and lone_slowdown <= LONE_SLOWDOWN)
+    needed = LANES_GAIN if math.isinf(lone_slowdown) else max(LANES_GAIN, lone_slowdown)
+    use_lanes = gain > 1 and (lone_slowdown <= LONE_SLOWDOWN or gain >= needed)
     rates = lanes if use_lanes else one_lane
     best = max(rates.values())
     cap = max(size for size, rate in rates.items() if rate >= NEAR_BEST * best)

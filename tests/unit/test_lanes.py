@@ -38,6 +38,16 @@ def test_where_a_lone_call_loses_little_on_one_thread_lanes_are_taken_when_faste
     assert slower.count == 1  # lanes must be faster
 
 
+def test_lanes_that_gain_less_than_a_lone_request_loses_are_not_taken():
+    """The demo's digits model as timed at load on a 2-core Xeon: lanes 1.20 x faster at best, but a lone row's call
+    1.34 x slower on one thread; served, the event loop sets the pace, so lanes only slowed a lone request."""
+    one_lane = {1: 1130.4, 2: 1348.0, 4: 1564.1, 8: 1795.0, 16: 2187.7, 32: 2091.3}
+    lanes = {1: 1686.3, 2: 2074.7, 4: 1984.4, 8: 2623.3, 16: 2627.5, 32: 2196.4}
+    assert decide(one_lane, lanes, count=2, max_batch=32).count == 1
+    faster = {size: rate * 1.15 for size, rate in lanes.items()}  # gaining 1.38 x, more than a lone row loses (1.17 x)
+    assert decide(one_lane, faster, count=2, max_batch=32).count == 2
+
+
 def test_a_dimension_that_is_not_fixed_is_timed_at_a_set_size():
     image = Signature((TensorSpec("input", "float32", (-1, 3, 8, 8)),), ())
     text = Signature((TensorSpec("input_ids", "int64", (-1, -1)), TensorSpec("attention_mask", "int64", (-1, -1))), ())
