@@ -2,8 +2,8 @@
 
 BentoML's AccessLogMiddleware builds its line and its log record on the event loop after each response, and hands it
 to the log's handlers there: about twice the loop's CPU of the request's own front door (docs/history.md). So the
-service turns BentoML's off in its configuration (`logging.access.enabled: false`) and adds `AccessLine` with
-`add_asgi_middleware`: the same line, logger, fields and skipped paths as BentoML's defaults, but the loop only
+service turns BentoML's off in its configuration (`logging.access.enabled: false`) and adds `AccessLine` to its
+middlewares (serve/front.py): the same line, logger, fields and skipped paths as BentoML's defaults, but the loop only
 hands over what the line is made of: the request's scope, the response's first message, the latency, the time, and
 the request's context, where BentoML's log filters read the trace ids. A writer thread makes the records, runs the
 filters inside that context, formats them and writes the lines of up to 50 ms at a time (one wake-up and one write

@@ -1,7 +1,7 @@
 """The two places handoff still changes a dependency's code: each a last resort, each checked at start-up.
 
 Everything else is configured through BentoML's public settings (serve/service.py's `SERVICE_CONFIG`) and
-handoff's own middlewares (`add_asgi_middleware`). These two have no public way in (docs/serve.md, "Where
+handoff's own middlewares (serve/front.py). These two have no public way in (docs/serve.md, "Where
 handoff patches its dependencies", has the reproductions):
 
 1. BentoML's TimeoutMiddleware. It arms a timer per request that it never cancels, so every answered request

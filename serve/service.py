@@ -252,9 +252,10 @@ MIDDLEWARES: list[tuple[type, dict[str, Any]]] = [  # handoff's, outermost first
         },
     ),
 ]
-if SERVICE_CONFIG["tracing"]:  # no traces: uvicorn calls the middlewares, in front of BentoML's app
+TRACED = not SERVICE_CONFIG["tracing"]  # serve/tracing.py excludes every URL unless the user traces
+if not TRACED:  # uvicorn calls the middlewares, in front of BentoML's app
     FRONT: Front | None = Front([(ResponseDeadline, {"timeout": CONFIG.timeout_s}), *MIDDLEWARES])
-else:  # the user traces: BentoML's app calls them, inside its span and its deadline
+else:  # BentoML's app calls them, inside its span and its deadline
     FRONT = None
     for middleware, options in MIDDLEWARES:
         SERVICE.add_asgi_middleware(middleware, **options)
