@@ -23,7 +23,6 @@ class ResponseDeadline:
 
     def __init__(self, app: Any, timeout: float) -> None:
         self.app = app
-        self.timeout = timeout
         self.sweep = DeadlineSweep(timeout)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -41,4 +40,4 @@ class ResponseDeadline:
         except TimeoutError:
             if not deadline.expired():
                 raise  # the app's own TimeoutError, not the deadline's: a 500 like any other fault
-            await send_json(send, 504, {"error": f"Not able to process the request in {self.timeout} seconds"})
+            await send_json(send, 504, {"error": f"Not able to process the request in {self.sweep.seconds} seconds"})

@@ -11,8 +11,8 @@ fall due, and a tick looks only at those due. A deadline expires up to a tick la
 length, at most 0.1 s.
 
 A sweep also watches deadlines that are not a coroutine's: `record(key)` and `forget(key)`, with the sweep's
-`on_due(key)` called when one falls due (serve/connections.py's deadline for a request's headers, armed at
-every request's first byte).
+`on_due(key)` called when one falls due (serve/connections.py's deadlines for a fresh connection's first byte
+and for a request's headers, armed at every request's first byte).
 """
 
 from __future__ import annotations

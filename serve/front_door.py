@@ -97,7 +97,6 @@ class FrontDoor:
         self, max_bytes: int, max_concurrency: int, body_timeout_s: float, max_connections: int | None = None
     ) -> None:
         self.max_bytes = max_bytes
-        self.body_timeout_s = body_timeout_s
         self.body_deadlines = DeadlineSweep(body_timeout_s)
         self.processing = Slots(max_concurrency)  # requests whose body is in, being answered
         # Uploads still arriving: cheap while they stall (a socket, a few bytes), and each lasts at most the
@@ -128,7 +127,8 @@ class FrontDoor:
         except TimeoutError:
             if not deadline.expired():
                 raise
-            raise ClientError(f"the request body did not arrive within {self.body_timeout_s:g} s", 408) from None
+            seconds = self.body_deadlines.seconds
+            raise ClientError(f"the request body did not arrive within {seconds:g} s", 408) from None
         if body is None:
             return None  # the client left
         if len(body) > limit:

@@ -160,8 +160,7 @@ def decide(one_lane: dict[int, float], lanes: dict[int, float], count: int, max_
     gain = max(lanes.values()) / max(one_lane.values())
     # a lone row's call on one thread against all of them (the lanes' rate at batch 1 is `count` such calls at once)
     lone_slowdown = one_lane[1] / (lanes[1] / count) if 1 in one_lane and 1 in lanes else math.inf
-    needed = LANES_GAIN if math.isinf(lone_slowdown) else max(LANES_GAIN, lone_slowdown)
-    use_lanes = gain > 1 and (lone_slowdown <= LONE_SLOWDOWN or gain >= needed)
+    use_lanes = gain > 1 and (lone_slowdown <= LONE_SLOWDOWN or gain >= max(LANES_GAIN, lone_slowdown))
     rates = lanes if use_lanes else one_lane
     best = max(rates.values())
     cap = max(size for size, rate in rates.items() if rate >= NEAR_BEST * best)
