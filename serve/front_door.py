@@ -38,7 +38,8 @@ MULTIPART = "multipart/form-data"
 
 def query_params(scope: Scope) -> dict[str, list[str]]:
     """The request's query string's parameters, blank values kept."""
-    return parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    query = scope.get("query_string", b"")
+    return parse_qs(query.decode("latin-1"), keep_blank_values=True) if query else {}
 
 
 async def send_json(

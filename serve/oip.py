@@ -14,6 +14,7 @@ Every error is {"error": "..."}, the one form tritonclient decodes. Infer reques
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,13 +24,13 @@ import numpy as np
 from contract.errors import ClientError
 from serve.endpoint import Answer, Incoming
 from serve.oip_codec import (
-    OIP_DATATYPE,
     InferRequest,
     OutputTensor,
     RequestedOutput,
     classification_strings,
     encode_infer_response,
     parse_infer_request,
+    protocol_datatype,
 )
 
 if TYPE_CHECKING:
@@ -174,7 +175,7 @@ def select_outputs(
 ) -> list[OutputTensor]:
     """The outputs the request asked for (all of them by default), each as binary or JSON as asked, and
     with `classification: k` as Triton's top-k strings."""
-    wanted = request.outputs or tuple(RequestedOutput(name, None, None) for name in available)
+    wanted = request.outputs or _every_output(tuple(available))
     outputs = []
     for asked in wanted:
         if asked.name not in available:
@@ -188,6 +189,11 @@ def select_outputs(
                 OutputTensor(asked.name, "BYTES", classification_strings(value, asked.classification, labels), binary)
             )
         else:
-            datatype = "BYTES" if value.dtype == object else OIP_DATATYPE[value.dtype.name]  # texts: JSON, labels
-            outputs.append(OutputTensor(asked.name, datatype, value, binary))
+            outputs.append(OutputTensor(asked.name, protocol_datatype(value.dtype), value, binary))
     return outputs
+
+
+@functools.cache
+def _every_output(names: tuple[str, ...]) -> tuple[RequestedOutput, ...]:
+    """What a request that names no outputs asks for: each of the model's (made once per set of names)."""
+    return tuple(RequestedOutput(name, None, None) for name in names)

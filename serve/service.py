@@ -19,6 +19,7 @@ Decoding and preprocessing run in worker threads outside the batched call; only 
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from pathlib import Path
@@ -144,6 +145,11 @@ class ModelService:
             self.lanes.threads,
             self.lanes.max_batch_size,
         )
+        # What is alive now (BentoML, the runtime, the model: ~100,000 objects) lives as long as the worker. Frozen,
+        # the cyclic garbage collector no longer walks it at each full collection (one every few thousand requests
+        # under load): the in-process stack at c=64 spent 16 us a request collecting garbage, 5.5 us frozen.
+        gc.collect()
+        gc.freeze()
 
     def padded_batch_sizes(self) -> list[int] | None:
         """On a GPU, batches run only at the sizes warmed up (see serve/batching.py for why); a task whose requests

@@ -37,12 +37,15 @@ def _convert(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
 
 
 def _check_shape(array: np.ndarray, spec: TensorSpec) -> None:
-    expected = "[" + ", ".join("N" if i == 0 else "*" if d == -1 else str(d) for i, d in enumerate(spec.shape)) + "]"
-    fits = array.ndim == len(spec.shape) and all(
-        want == -1 or got == want for got, want in zip(array.shape[1:], spec.shape[1:])
-    )
-    if not fits or 0 in array.shape[1:]:
-        raise ClientError(f"input {spec.name!r} has shape {list(array.shape)}; expected {expected} (*: any size)")
+    shape = array.shape
+    fits = len(shape) == len(spec.shape) and 0 not in shape[1:]
+    if fits:
+        for got, want in zip(shape[1:], spec.shape[1:]):
+            if want != -1 and got != want:
+                fits = False
+    if not fits:
+        expected = ", ".join("N" if i == 0 else "*" if d == -1 else str(d) for i, d in enumerate(spec.shape))
+        raise ClientError(f"input {spec.name!r} has shape {list(shape)}; expected [{expected}] (*: any size)")
 
 
 def model_inputs(given: dict[str, np.ndarray], signature: Signature, max_rows: int) -> dict[str, np.ndarray]:
