@@ -27,6 +27,12 @@ BENCHMARKS = (
         ("ours_raw_body_over_limit_c64", "ours_over_limit_c64", "ours_raw_body_over_peer_floor_c64"),
     ),
     Benchmark(
+        "app_path",
+        "the CPU a protocol binary infer costs in handoff's own Python, layer by layer, against the floor's handler",
+        ("--rounds", "5"),
+        ("ours_over_floor_handler",),
+    ),
+    Benchmark(
         "workers",
         "what 1, 2, 4 HTTP workers on one device buy against the in-process limit and the floor peer",
         ("--seconds", "8", "--rounds", "3"),
