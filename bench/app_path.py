@@ -43,9 +43,9 @@ def measure(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
     """In this process: CPU microseconds a request, entered at each middleware of `checkout`'s service, and the
     floor's handler. Imports `checkout`'s serve/ (so one side per process)."""
     os.environ.update(HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE="cpu", HANDOFF_WORKERS="1", HANDOFF_LANES="1")
-    # As BentoML's server runs a worker: the metrics in files (its multiprocess mode), its logging configured (so
-    # the access line is made and written, by its thread, whose CPU counts too).
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="app-path-metrics-")
+    # As BentoML's server runs a worker: the metrics in files (its multiprocess mode: PROMETHEUS_MULTIPROC_DIR, which
+    # `one_round` gives each process), its logging configured (so the access line is made and written, by its thread,
+    # whose CPU counts too).
     sys.path.insert(0, str(checkout))
 
     import numpy as np
@@ -65,8 +65,10 @@ def measure(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
         raise SystemExit(f"app_path: the service did not load {folder}: {service.load_failure}")
     set_current_service(service)
     service.patches_in_effect = True  # no server runs here to show uvicorn's and BentoML's replacements took
-    shape = [1, *read_manifest_unchecked(folder)["input"]["shape"][1:]]
-    logits = np.random.default_rng(0).random((1, 10), dtype=np.float32)
+    manifest = read_manifest_unchecked(folder)
+    shape = [1, *manifest["input"]["shape"][1:]]
+    # as many logits as the model answers: their encoding is part of the path
+    logits = np.random.default_rng(0).random((1, manifest["num_classes"]), dtype=np.float32)
     answer = ranked(logits)
 
     async def instant(rows: Any) -> dict[str, np.ndarray]:
@@ -140,12 +142,24 @@ def measure(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
 
 def one_round(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
     """`measure` in a process of its own (the service is a module-level BentoML service: one per process)."""
-    done = subprocess.run(
-        [sys.executable, __file__, "--measure", str(checkout), "--export", str(folder), "--requests", str(requests)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    command = [
+        sys.executable,
+        __file__,
+        "--measure",
+        str(checkout),
+        "--export",
+        str(folder),
+        "--requests",
+        str(requests),
+    ]
+    with tempfile.TemporaryDirectory(prefix="app-path-metrics-") as metrics:
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics},
+            capture_output=True,
+            text=True,
+        )
     if done.returncode != 0:
         raise SystemExit(f"app_path: measuring {checkout} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -102,9 +102,8 @@ class RequestMetrics:
         self.known_paths = known_paths
         self.children: dict[tuple[str, str, int], Any] = {}  # (metric, path, status) -> its labelled series
         self.in_progress: dict[str, int] = {}  # by path, as last counted on the loop
-        self.changed: set[str] = set()  # the paths whose count in progress the gauges have not been given yet
+        self.changed: set[str] = set()  # the paths whose count the gauges have not been given yet (a flush is due)
         self.last_request: float | None = None  # the time of the last request the gauge has not been given yet
-        self.flush_due = False
 
     def _child(self, metric: str, endpoint: str = "", status: int = 0) -> Any:
         key = (metric, endpoint, status)
@@ -121,13 +120,11 @@ class RequestMetrics:
     def _count(self, endpoint: str, change: int) -> None:
         """A request begun (+1) or ended (-1): its gauge is given the count at the end of this turn of the loop."""
         self.in_progress[endpoint] = self.in_progress.get(endpoint, 0) + change
-        self.changed.add(endpoint)
-        if not self.flush_due:
-            self.flush_due = True
+        if not self.changed:  # the first change of this turn: the flush is not scheduled yet
             asyncio.get_running_loop().call_soon(self._flush_gauges)
+        self.changed.add(endpoint)
 
     def _flush_gauges(self) -> None:
-        self.flush_due = False
         for endpoint in self.changed:
             self._child("in_progress", endpoint).set(self.in_progress[endpoint])
         self.changed.clear()

@@ -36,16 +36,20 @@ def _convert(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
     raise ClientError(f"input {spec.name!r} is {OIP_DATATYPE[spec.dtype]}, not {given}")
 
 
+def _fits(shape: tuple[int, ...], wanted: tuple[int, ...]) -> bool:
+    """`shape` against the signature's (-1: any size), no dimension after the batch empty."""
+    if len(shape) != len(wanted) or 0 in shape[1:]:
+        return False
+    for got, want in zip(shape[1:], wanted[1:]):
+        if want != -1 and got != want:
+            return False
+    return True
+
+
 def _check_shape(array: np.ndarray, spec: TensorSpec) -> None:
-    shape = array.shape
-    fits = len(shape) == len(spec.shape) and 0 not in shape[1:]
-    if fits:
-        for got, want in zip(shape[1:], spec.shape[1:]):
-            if want != -1 and got != want:
-                fits = False
-    if not fits:
+    if not _fits(array.shape, spec.shape):  # the message is made only for a shape refused
         expected = ", ".join("N" if i == 0 else "*" if d == -1 else str(d) for i, d in enumerate(spec.shape))
-        raise ClientError(f"input {spec.name!r} has shape {list(shape)}; expected [{expected}] (*: any size)")
+        raise ClientError(f"input {spec.name!r} has shape {list(array.shape)}; expected [{expected}] (*: any size)")
 
 
 def model_inputs(given: dict[str, np.ndarray], signature: Signature, max_rows: int) -> dict[str, np.ndarray]:
