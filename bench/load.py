@@ -190,6 +190,37 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def _role(process: psutil.Process) -> str:
+    """A process's part in a server: the module or script a Python process runs (`-m MODULE`, `SCRIPT.py`), else
+    its program's name (`tritonserver`, `triton_python_backend_stub`)."""
+    command = process.cmdline()
+    if "-m" in command[:-1]:
+        return command[command.index("-m") + 1]
+    script = next((Path(part).name for part in command[1:2] if part.endswith(".py")), None)
+    return script or process.name()
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of a process and its living descendants, by process and thread: each process's
+    main thread (a Python server's event loop) apart from its other threads (a model's, a log writer's), keyed
+    `ROLE: main thread` and `ROLE: other threads` (serve_throughput shows where each server's CPU goes)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds: dict[str, float] = {}
+    root = psutil.Process(pid)
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            role = _role(process)
+            for part in ("main thread", "other threads"):  # both, always: results of rounds are alike in shape
+                seconds.setdefault(f"{role}: {part}", 0.0)
+            for thread in os.listdir(f"/proc/{process.pid}/task"):
+                fields = Path(f"/proc/{process.pid}/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()
+                key = f"{role}: {'main thread' if thread == str(process.pid) else 'other threads'}"
+                seconds[key] = seconds.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (psutil.Error, OSError):  # it ended meanwhile
+            pass
+    return seconds
+
+
 RAMP_S = 1.0  # answers before this are left out of the rate: the pipeline fills (first full batch at c=64: ~0.8 s)
 
 
@@ -217,18 +248,27 @@ class SteadyServerCpu:
             raise ValueError(f"a load of {seconds:g} s is too short: at least {RAMP_S + 2 * END_MARGIN_S:g} s")
         self.server_pid = server_pid
         self.reads: list[tuple[float, float]] = []
+        self.by_thread: list[dict[str, float]] = []
         self.timers = [threading.Timer(at, self._read) for at in (RAMP_S, seconds - END_MARGIN_S)]
         for timer in self.timers:
             timer.start()
 
     def _read(self) -> None:
         self.reads.append((time.monotonic(), tree_cpu_seconds(self.server_pid)))
+        self.by_thread.append(thread_cpu_seconds(self.server_pid))  # the timers read one after the other
 
     def ms_per_image(self, images_per_s: float) -> float:
         for timer in self.timers:
             timer.join()
         (first_at, first_cpu), (last_at, last_cpu) = sorted(self.reads)
         return 1000 * (last_cpu - first_cpu) / max(images_per_s * (last_at - first_at), 1e-9)
+
+    def ms_per_image_by_thread(self, images_per_s: float) -> dict[str, float]:
+        """`ms_per_image` by process and thread (`thread_cpu_seconds`' keys; the threads' clock ticks are coarser)."""
+        (first_at, _), (last_at, _) = sorted(self.reads)
+        first, last = self.by_thread
+        images = max(images_per_s * (last_at - first_at), 1e-9)
+        return {key: 1000 * max(0.0, last[key] - first.get(key, 0.0)) / images for key in sorted(last)}
 
 
 def _with_cpu(
@@ -237,6 +277,7 @@ def _with_cpu(
     result["client_cpu_ms_per_image"] = 1000 * client_cpu / max(images, 1)
     result["client_cpu_share"] = client_cpu / (wall * CPUS)  # of the whole machine (all cores)
     result["server_cpu_ms_per_image"] = steady.ms_per_image(result["images_per_s"])
+    result["server_cpu_ms_per_image_by_thread"] = steady.ms_per_image_by_thread(result["images_per_s"])
     result["server_cpu_ms_per_image_whole_window"] = 1000 * server_cpu / max(images, 1)
     return result
 

@@ -63,7 +63,8 @@ def measure_rounds(
 
 
 def print_sides(median: dict[str, Any], sides: Sequence[str], concurrency: Sequence[int], unit: str = "images") -> None:
-    """One line per side and concurrency: rate, latency, the server's CPU per item, errors."""
+    """One line per side and concurrency: rate, latency, the server's CPU per item, errors; then, at c=64, where
+    each side's server CPU went."""
     width = max(map(len, sides), default=0)
     for c in map(str, concurrency):
         for name in sides:
@@ -73,6 +74,17 @@ def print_sides(median: dict[str, Any], sides: Sequence[str], concurrency: Seque
                 f"p99 {r['p99_ms']:7.1f} ms  server CPU {r['server_cpu_ms_per_image']:5.1f} ms/{unit[:-1]}  "
                 f"errors {r['errors']:.0f}"
             )
+    if 64 in concurrency:
+        print_cpu_by_thread(median, sides, unit)
+
+
+def print_cpu_by_thread(median: dict[str, Any], sides: Sequence[str], unit: str = "images", shown: str = "64") -> None:
+    """Where each side's server CPU goes at concurrency `shown`: by process, the main thread (a Python server's event
+    loop) apart from the others, in microseconds an item."""
+    for name in sides:
+        parts = median[name][shown].get("server_cpu_ms_per_image_by_thread", {})
+        spent = ", ".join(f"{key} {1000 * ms:.0f}" for key, ms in sorted(parts.items(), key=lambda p: -p[1]) if ms)
+        print(f"  {name} c={shown}, server CPU by thread (us/{unit[:-1]}): {spent}")
 
 
 def over_limit(median: dict[str, Any], sides: Sequence[str], concurrency: Sequence[int]) -> dict[str, float]:

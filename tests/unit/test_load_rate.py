@@ -1,13 +1,17 @@
 """The serving benchmarks' throughput (bench/load.py, steady_rate): the slope of answers against time, which a
-batching server's waves of answers and the window's edges do not move the way they move a plain count."""
+batching server's waves of answers and the window's edges do not move the way they move a plain count; and the
+server's CPU by process and thread."""
 
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ is scripts, not an installed package
-from bench.load import RAMP_S, steady_rate  # noqa: E402
+from bench.load import RAMP_S, steady_rate, thread_cpu_seconds  # noqa: E402
 from bench.results import side_order  # noqa: E402
 
 BATCH, PERIOD, SPACING = 32, 0.68, 0.0013  # a batch of 32 answered every 0.68 s, one answer per 1.3 ms
@@ -58,3 +62,33 @@ def test_each_of_two_sides_goes_first_in_half_the_rounds():
     """An A/B (a change against its baseline) must not measure the same side first in every round."""
     firsts = [side_order(["ours", "at_before"], round_)[0] for round_ in range(4)]
     assert sorted(firsts) == ["at_before", "at_before", "ours", "ours"], firsts
+
+
+def test_a_servers_cpu_is_told_apart_by_process_and_thread(tmp_path):
+    """A real process whose second thread spins while its main thread sleeps, and a child of it that sleeps (a
+    thread's CPU is read while it lives, as a server's threads do)."""
+    script = tmp_path / "spinner.py"
+    script.write_text(
+        "import subprocess, sys, threading, time\n"
+        "child = subprocess.Popen([sys.executable, '-m', 'timeit', '-n1', '-r1', 'import time; time.sleep(30)'])\n"
+        "def spin():\n"
+        "    while True: pass\n"
+        "threading.Thread(target=spin, daemon=True).start()\n"
+        "print('started', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "started"
+        time.sleep(1.0)
+        seconds = thread_cpu_seconds(server.pid)
+    finally:
+        for process in psutil.Process(server.pid).children():
+            process.kill()
+        server.kill()
+        server.wait()
+    assert set(seconds) == {
+        f"{role}: {part}" for role in ("spinner.py", "timeit") for part in ("main thread", "other threads")
+    }
+    assert seconds["spinner.py: other threads"] >= 0.3 > seconds["spinner.py: main thread"]
+    assert seconds["timeit: main thread"] < 0.3 and seconds["timeit: other threads"] == 0
