@@ -17,7 +17,8 @@ HTTP asks of a client: a closed loop that does not wait spends the server's CPU 
 Either way the result carries the client's own CPU time per image and its share of the machine, and the
 server's CPU time per image (its whole process tree: the arbiter and every worker; read after the ramp and
 just before the end, SteadyServerCpu), so the overhead per request can be read independently of who else
-shares the cores.
+shares the cores; the server's also by process and thread (`thread_cpu_seconds`: an event loop's share apart from
+a model's threads).
 
 Throughput is the steady rate: the least-squares slope of answers against time, after the first RAMP_S seconds.
 Answers counted over the whole window and divided by its length (kept as `images_per_s_whole_window`) are
