@@ -10,10 +10,12 @@ path is A/B'd here (`--baseline DIR`: another checkout, its own process each rou
     python -m bench app_path [--export runs/demo/last.export] [--baseline DIR] [--rounds 5]
 
 Each side prints the CPU microseconds a request costs entered at each of handoff's middlewares (so what each layer
-adds) and at the floor's handler, counted for the whole process: the access log's writer thread included. The
-metrics are kept in files and the logging configured as BentoML's server does for a worker. The model's batcher
-and uvicorn's HTTP are left out on purpose: they are the same code for every change this A/Bs;
-bench/serve_throughput.py measures them served.
+adds), at the connection's protocol (the request's bytes handed to the guarded uvicorn protocol the worker serves
+with, on a transport that keeps what is written: uvicorn's parsing, request cycle and answer besides), and at the
+floor's handler, counted for the whole process: the access log's writer thread included. The metrics are kept in
+files and the logging configured as BentoML's server does for a worker. The model's batcher and the socket are
+left out on purpose: they are the same code for every change this A/Bs; bench/serve_throughput.py measures them
+served (the event loop's CPU a request among them).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from bench.results import median_of_rounds, print_ratios, side_order, write_resu
 from bench.workload import make_model, workload_name  # noqa: E402
 
 OURS, FLOOR, BASELINE = "ours", "floor_handler", "at_"
+PROTOCOL = "from the connection's protocol"
 REQUESTS = 3000  # a request costs tens of microseconds: a timed pass takes a fraction of a second
 PASSES = 3  # each figure is the least of these passes (the code is deterministic; only the host's noise varies)
 
@@ -119,7 +122,16 @@ def measure(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
     front = served.FRONT
     if front is None:
         raise SystemExit("app_path: BentoML's configuration traces, so BentoML's app calls the middlewares")
-    entries: dict[str, Callable[[], Awaitable[None]]] = {FLOOR: floor_handler}
+    request = (
+        b"POST %s HTTP/1.1\r\n" % path.encode()
+        + b"".join(b"%s: %s\r\n" % header for header in headers)
+        + b"\r\n"
+        + body
+    )
+    entries: dict[str, Callable[[], Awaitable[None]]] = {
+        FLOOR: floor_handler,
+        PROTOCOL: connection(request, bentoml_app),
+    }
     for i, (middleware, _) in enumerate(front.middlewares):
         app = type(front)(front.middlewares[i:]).stack(bentoml_app)
         entries[f"from {middleware.__name__}"] = entered_at(app)
@@ -138,6 +150,66 @@ def measure(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
         return least
 
     return uvloop.run(timed())
+
+
+class _KeptTransport:
+    """A connection's transport for a protocol called in process: what is written is checked, nothing is sent."""
+
+    def __init__(self) -> None:
+        self.status = b""
+
+    def write(self, data: bytes) -> None:
+        if data.startswith(b"HTTP/"):
+            self.status = data[9:12]
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 3000), "peername": ("127.0.0.1", 50000)}.get(name, default)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None:
+        raise SystemExit("app_path: the protocol closed the connection")
+
+
+def connection(request: bytes, inner_app: Any) -> Callable[[], Awaitable[None]]:
+    """A request's bytes handed to the protocol class the worker serves with (uvicorn's, guarded and calling
+    handoff's middlewares, serve/patches.py), on one kept-alive connection; returns when its answer is written."""
+    import asyncio
+
+    from uvicorn.config import Config
+    from uvicorn.protocols.http import auto
+    from uvicorn.server import ServerState
+
+    class Answered(auto.AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        done: asyncio.Future[None]
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self.done.set_result(None)
+
+    if not getattr(auto.AutoHTTPProtocol, "handoff_guarded", False):
+        raise SystemExit("app_path: uvicorn's protocol is not handoff's guarded one (serve/patches.py)")
+    config = Config(inner_app, log_config=None, lifespan="off")  # its proxy-header wrapper, as the worker's
+    config.load()
+    protocol, transport = None, _KeptTransport()
+
+    async def call() -> None:
+        nonlocal protocol
+        if protocol is None:
+            protocol = Answered(config, ServerState(), {}, asyncio.get_running_loop())
+            protocol.connection_made(transport)
+        protocol.done = asyncio.get_running_loop().create_future()
+        protocol.data_received(request)
+        await protocol.done
+        if transport.status != b"200":
+            raise SystemExit(f"app_path: the protocol answered {transport.status.decode()}")
+
+    return call
 
 
 def one_round(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
@@ -190,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, entries in median.items():
         print(f"{name}: CPU us a request, median of {args.rounds} rounds")
         for entry, us in entries.items():
-            print(f"  {entry:<28} {us:7.1f}")
-    outermost = next(k for k in median[OURS] if k != FLOOR)
-    ratios = {f"{OURS}_over_{FLOOR}": median[OURS][outermost] / median[OURS][FLOOR]}
+            print(f"  {entry:<32} {us:7.1f}")
+    outermost = next(k for k in median[OURS] if k not in (FLOOR, PROTOCOL))
+    ratios = {
+        f"{OURS}_over_{FLOOR}": median[OURS][outermost] / median[OURS][FLOOR],
+        f"{OURS}_protocol_over_middlewares": median[OURS][PROTOCOL] / median[OURS][outermost],
+    }
     for name in checkouts:
         if name != OURS:
             ratios[f"{OURS}_over_{name}"] = median[OURS][outermost] / median[name][outermost]

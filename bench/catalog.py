@@ -30,7 +30,7 @@ BENCHMARKS = (
         "app_path",
         "the CPU a protocol binary infer costs in handoff's own Python, layer by layer, against the floor's handler",
         ("--rounds", "5"),
-        ("ours_over_floor_handler",),
+        ("ours_over_floor_handler", "ours_protocol_over_middlewares"),
     ),
     Benchmark(
         "workers",
