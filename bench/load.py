@@ -197,27 +197,26 @@ def _role(process: psutil.Process) -> str:
     command = process.cmdline()
     if "-m" in command[:-1]:
         return command[command.index("-m") + 1]
-    script = next((Path(part).name for part in command[1:2] if part.endswith(".py")), None)
-    return script or process.name()
+    if len(command) > 1 and command[1].endswith(".py"):
+        return Path(command[1]).name
+    return process.name()
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
     """User + system CPU seconds of a process and its living descendants, by process and thread: each process's
     main thread (a Python server's event loop) apart from its other threads (a model's, a log writer's), keyed
     `ROLE: main thread` and `ROLE: other threads` (serve_throughput shows where each server's CPU goes)."""
-    tick = os.sysconf("SC_CLK_TCK")
     seconds: dict[str, float] = {}
     root = psutil.Process(pid)
     for process in [root, *root.children(recursive=True)]:
         try:
             role = _role(process)
-            for part in ("main thread", "other threads"):  # both, always: results of rounds are alike in shape
-                seconds.setdefault(f"{role}: {part}", 0.0)
-            for thread in os.listdir(f"/proc/{process.pid}/task"):
-                fields = Path(f"/proc/{process.pid}/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()
-                key = f"{role}: {'main thread' if thread == str(process.pid) else 'other threads'}"
-                seconds[key] = seconds.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        except (psutil.Error, OSError):  # it ended meanwhile
+            main, others = f"{role}: main thread", f"{role}: other threads"
+            seconds.setdefault(main, 0.0)  # both, always: results of rounds are alike in shape
+            seconds.setdefault(others, 0.0)
+            for thread in process.threads():
+                seconds[main if thread.id == process.pid else others] += thread.user_time + thread.system_time
+        except psutil.Error:  # it ended meanwhile
             pass
     return seconds
 
@@ -248,26 +247,27 @@ class SteadyServerCpu:
         if seconds < RAMP_S + 2 * END_MARGIN_S:
             raise ValueError(f"a load of {seconds:g} s is too short: at least {RAMP_S + 2 * END_MARGIN_S:g} s")
         self.server_pid = server_pid
-        self.reads: list[tuple[float, float]] = []
-        self.by_thread: list[dict[str, float]] = []
+        self.reads: list[tuple[float, float, dict[str, float]]] = []  # when, the tree's CPU, by process and thread
         self.timers = [threading.Timer(at, self._read) for at in (RAMP_S, seconds - END_MARGIN_S)]
         for timer in self.timers:
             timer.start()
 
     def _read(self) -> None:
-        self.reads.append((time.monotonic(), tree_cpu_seconds(self.server_pid)))
-        self.by_thread.append(thread_cpu_seconds(self.server_pid))  # the timers read one after the other
+        self.reads.append((time.monotonic(), tree_cpu_seconds(self.server_pid), thread_cpu_seconds(self.server_pid)))
 
-    def ms_per_image(self, images_per_s: float) -> float:
+    def _span(self) -> tuple[tuple[float, float, dict[str, float]], ...]:
+        """The two reads, first one first, once both timers have read."""
         for timer in self.timers:
             timer.join()
-        (first_at, first_cpu), (last_at, last_cpu) = sorted(self.reads)
+        return tuple(sorted(self.reads, key=lambda read: read[0]))
+
+    def ms_per_image(self, images_per_s: float) -> float:
+        (first_at, first_cpu, _), (last_at, last_cpu, _) = self._span()
         return 1000 * (last_cpu - first_cpu) / max(images_per_s * (last_at - first_at), 1e-9)
 
     def ms_per_image_by_thread(self, images_per_s: float) -> dict[str, float]:
         """`ms_per_image` by process and thread (`thread_cpu_seconds`' keys; the threads' clock ticks are coarser)."""
-        (first_at, _), (last_at, _) = sorted(self.reads)
-        first, last = self.by_thread
+        (first_at, _, first), (last_at, _, last) = self._span()
         images = max(images_per_s * (last_at - first_at), 1e-9)
         return {key: 1000 * max(0.0, last[key] - first.get(key, 0.0)) / images for key in sorted(last)}
 
