@@ -76,7 +76,20 @@ def _store_for_this_attempt(rank: int, world_size: int, timeout: datetime.timede
     return dist.PrefixStore(f"handoff/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
+def leave_together() -> None:
+    """After a run every rank finished: wait for the others, then leave the process group.
+
+    A rank that tears gloo down (or just exits) while rank 0 still writes the last checkpoint can abort in gloo's
+    threads ("terminate called without an active exception"), so no rank leaves before all have arrived. Only after
+    success: a rank that failed alone would never arrive, and `cleanup` is what runs then.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def cleanup() -> None:
+    """Leave the process group without waiting for the other ranks (after an error)."""
     if dist.is_initialized():
         dist.destroy_process_group()
 

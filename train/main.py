@@ -217,7 +217,9 @@ def main(args: argparse.Namespace) -> int:
     info = distributed.setup()
     setup_logging(info.rank)
     try:
-        return train(args, info)
+        exit_code = train(args, info)
+        distributed.leave_together()
+        return exit_code
     except CheckpointWriteError as err:  # the environment failed (full disk...), not the command line
         log.error("%s", err)
         return 1
