@@ -8,6 +8,11 @@ figures hold still where served ones swing by a fifth on a shared 2-core host, s
 path is A/B'd here (`--baseline DIR`: another checkout, its own process each round, the order alternating).
 
     python -m bench app_path [--export runs/demo/last.export] [--baseline DIR] [--rounds 5]
+    python bench/app_path.py --garbage [--export DIR]     # the cyclic garbage a request leaves, by kind
+
+The service lets the garbage collector's youngest generation grow far past Python's default (serve/service.py),
+because a request leaves no cyclic garbage of its own: `--garbage` shows it, for a request answered and for each
+kind refused, through the connection's protocol with the collector off (tests/test_serve_memory.py holds it to 0).
 
 Each side prints the CPU microseconds a request costs entered at each of handoff's middlewares (so what each layer
 adds), at the connection's protocol (the request's bytes handed to the guarded uvicorn protocol the worker serves
@@ -39,12 +44,14 @@ from bench.workload import make_model, workload_name  # noqa: E402
 OURS, FLOOR, BASELINE = "ours", "floor_handler", "at_"
 PROTOCOL = "from the connection's protocol"
 REQUESTS = 3000  # a request costs tens of microseconds: a timed pass takes a fraction of a second
+GARBAGE_REQUESTS = 200  # of each kind, with the garbage collector off
 PASSES = 3  # each figure is the least of these passes (the code is deterministic; only the host's noise varies)
 
 
-def measure(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
+def measure(checkout: Path, folder: Path, requests: int, garbage: bool = False) -> dict[str, float]:
     """In this process: CPU microseconds a request, entered at each middleware of `checkout`'s service, and the
-    floor's handler. Imports `checkout`'s serve/ (so one side per process)."""
+    floor's handler; or, with `garbage`, the cyclic garbage a request leaves by kind (`left_garbage`). Imports
+    `checkout`'s serve/ (so one side per process)."""
     os.environ.update(HANDOFF_MODEL_DIR=str(folder), HANDOFF_DEVICE="cpu", HANDOFF_WORKERS="1", HANDOFF_LANES="1")
     # As BentoML's server runs a worker: the metrics in files (its multiprocess mode: PROMETHEUS_MULTIPROC_DIR, which
     # `one_round` gives each process), its logging configured (so the access line is made and written, by its thread,
@@ -122,15 +129,11 @@ def measure(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
     front = served.FRONT
     if front is None:
         raise SystemExit("app_path: BentoML's configuration traces, so BentoML's app calls the middlewares")
-    request = (
-        b"POST %s HTTP/1.1\r\n" % path.encode()
-        + b"".join(b"%s: %s\r\n" % header for header in headers)
-        + b"\r\n"
-        + body
-    )
+    if garbage:
+        return uvloop.run(left_garbage(refused_kinds(path, headers, body, len(header)), bentoml_app))
     entries: dict[str, Callable[[], Awaitable[None]]] = {
         FLOOR: floor_handler,
-        PROTOCOL: connection(request, bentoml_app),
+        PROTOCOL: connection(raw_request(path, headers, body), bentoml_app),
     }
     for i, (middleware, _) in enumerate(front.middlewares):
         app = type(front)(front.middlewares[i:]).stack(bentoml_app)
@@ -150,6 +153,49 @@ def measure(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
         return least
 
     return uvloop.run(timed())
+
+
+def raw_request(path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    """The request's bytes as a client sends them, its Content-Length the body's."""
+    sent = [*(h for h in headers if h[0] != b"content-length"), (b"content-length", str(len(body)).encode())]
+    return b"POST %s HTTP/1.1\r\n" % path.encode() + b"".join(b"%s: %s\r\n" % h for h in sent) + b"\r\n" + body
+
+
+def refused_kinds(
+    path: str, headers: list[tuple[bytes, bytes]], body: bytes, header_length: int
+) -> dict[str, tuple[bytes, bytes]]:
+    """The binary infer answered, and refused for each of the reasons a client can give: {kind: (request, status)}."""
+    nan = bytearray(body)
+    nan[header_length : header_length + 4] = b"\x00\x00\xc0\x7f"  # a float32 NaN, little-endian
+    typed = [(k, b"text/plain" if k == b"content-type" else v) for k, v in headers]
+    return {
+        "answered": (raw_request(path, headers, body), b"200"),
+        "NaN in the tensor": (raw_request(path, headers, bytes(nan)), b"400"),
+        "JSON header broken": (raw_request(path, headers, b"[" + body[1:]), b"400"),
+        "unknown path": (raw_request(path + "x", headers, body), b"404"),
+        "wrong Content-Type": (raw_request(path, typed, body), b"415"),
+    }
+
+
+async def left_garbage(kinds: dict[str, tuple[bytes, bytes]], inner_app: Any) -> dict[str, float]:
+    """Objects the garbage collector finds unreachable a request of each kind (none: reference counting freed all
+    it made), the collector off while GARBAGE_REQUESTS of them are answered."""
+    import gc
+
+    left = {}
+    for kind, (request, status) in kinds.items():
+        call = connection(request, inner_app, status)
+        for _ in range(20):  # what is made once (a metric's labelled series, a cached message) is made first
+            await call()
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(GARBAGE_REQUESTS):
+                await call()
+            left[kind] = gc.collect() / GARBAGE_REQUESTS
+        finally:
+            gc.enable()
+    return left
 
 
 class _KeptTransport:
@@ -176,9 +222,10 @@ class _KeptTransport:
         raise SystemExit("app_path: the protocol closed the connection")
 
 
-def connection(request: bytes, inner_app: Any) -> Callable[[], Awaitable[None]]:
+def connection(request: bytes, inner_app: Any, status: bytes = b"200") -> Callable[[], Awaitable[None]]:
     """A request's bytes handed to the protocol class the worker serves with (uvicorn's, guarded and calling
-    handoff's middlewares, serve/patches.py), on one kept-alive connection; returns when its answer is written."""
+    handoff's middlewares, serve/patches.py), on one kept-alive connection; returns when its answer (of `status`)
+    is written."""
     import asyncio
 
     from uvicorn.config import Config
@@ -206,8 +253,8 @@ def connection(request: bytes, inner_app: Any) -> Callable[[], Awaitable[None]]:
         protocol.done = asyncio.get_running_loop().create_future()
         protocol.data_received(request)
         await protocol.done
-        if transport.status != b"200":
-            raise SystemExit(f"app_path: the protocol answered {transport.status.decode()}")
+        if transport.status != status:
+            raise SystemExit(f"app_path: the protocol answered {transport.status.decode()}, not {status.decode()}")
 
     return call
 
@@ -234,7 +281,12 @@ def one_round(checkout: Path, folder: Path, requests: int) -> dict[str, float]:
         )
     if done.returncode != 0:
         raise SystemExit(f"app_path: measuring {checkout} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return figures_printed(done.stdout)
+
+
+def figures_printed(stdout: str) -> dict[str, float]:
+    """The figures a measuring process printed: its last JSON line (the access log's last lines may follow it)."""
+    return json.loads(next(line for line in reversed(stdout.splitlines()) if line.startswith("{")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,10 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=REQUESTS, help="requests a timed pass")
     p.add_argument("--baseline", type=Path, action="append", default=[], help="another checkout to A/B against")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
+    p.add_argument("--garbage", action="store_true", help="print the cyclic garbage a request leaves, by kind")
     p.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # in the child: this checkout's figures
     args = p.parse_args(argv)
-    if args.measure:
-        print(json.dumps(measure(args.measure, args.export, args.requests)))
+    if args.measure or args.garbage:
+        if args.garbage and args.export is None:
+            p.error("--garbage needs --export (an image classifier's export folder)")
+        print(json.dumps(measure(args.measure or ROOT, args.export.resolve(), args.requests, args.garbage)))
         return 0
     folder = args.export.resolve() if args.export else make_model(Path(tempfile.mkdtemp(prefix="app-path-")))
     checkouts = {OURS: ROOT, **{f"{BASELINE}{path.name}": path.resolve() for path in args.baseline}}

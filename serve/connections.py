@@ -147,6 +147,10 @@ def guarded(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.timeout_keep_alive = limits.keep_alive_s  # uvicorn's attribute, read after each response
+            # uvicorn's own access line (handoff's is serve/access_log.py): uvicorn makes its arguments for every
+            # response whenever any handler exists, the root's included, even where the logger writes nothing
+            # (BentoML's server leaves it at WARNING): a quoted path and the client's address, made for nothing.
+            self.access_log = self.access_log and self.access_logger.isEnabledFor(logging.INFO)  # type: ignore[has-type]
             if app_around is not None:  # uvicorn's attribute: the app each request of this connection calls
                 self.app = app_around(self.app)  # type: ignore[has-type]
 

@@ -62,3 +62,27 @@ def test_the_front_runs_between_uvicorns_wrappers_and_the_services_app():
     built = front.around(config.loaded_app)
     assert built is front.around(config.loaded_app) and type(built) is type(config.loaded_app)
     assert built.app is not config.loaded_app.app and config.loaded_app.app is service_app  # uvicorn's own untouched
+
+
+def test_uvicorn_makes_its_access_line_only_where_its_logger_writes_it():
+    """uvicorn builds its access line's arguments (the quoted path, the client) for every response whenever a
+    handler exists anywhere up to the root; the guarded protocol turns that off unless `uvicorn.access` is enabled
+    for INFO, and leaves it on where a user's logging writes the line."""
+    import logging
+
+    config = uvicorn.Config(app=service_app, log_config=None)
+    config.load()
+    protocol = guarded(config.http_protocol_class, ConnectionLimits(8, 5.0, 5.0, 5.0))
+    access, root = logging.getLogger("uvicorn.access"), logging.getLogger()
+    handler, loop = logging.NullHandler(), asyncio.new_event_loop()
+    root.addHandler(handler)  # as BentoML's server logging: a handler on the root, the access logger at WARNING
+    try:
+        made = []
+        for level in (logging.WARNING, logging.INFO):
+            access.setLevel(level)
+            made.append(protocol(config, ServerState(), {}, loop).access_log)
+        assert made == [False, True]
+    finally:
+        root.removeHandler(handler)
+        access.setLevel(logging.NOTSET)
+        loop.close()

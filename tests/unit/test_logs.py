@@ -192,3 +192,19 @@ def test_refusals_for_load_are_logged_once_every_few_seconds_with_how_many_came_
         "POST /detect: 429 too many",
         "POST /detect: 503 overloaded (and 2999 more like it since the last such line)",
     ]
+
+
+def test_a_record_copied_from_an_earlier_one_is_the_record_logging_makes():
+    """The writer makes each line's record by copying the fields of the first it made (logging reads the thread,
+    the process and the caller for each record, the same every time): the copy has every field logging gives it."""
+    from serve.access_log import make_record
+
+    first = make_record(_entry("/first"))
+    later = _entry("/later", status=503)._replace(created=first.created + 2.5)
+    made, copied = make_record(later).__dict__, make_record(later, like=first).__dict__
+    assert copied.keys() == made.keys() and copied["args"] == made["args"]
+    assert abs(copied["relativeCreated"] - first.relativeCreated - 2500) < 1e-6  # dated, as `created`, at the answer
+    assert copied["created"] == later.created and copied["msecs"] == made["msecs"]
+    same = ("relativeCreated", "created", "msecs")
+    assert {k: v for k, v in copied.items() if k not in same} == {k: v for k, v in made.items() if k not in same}
+    assert "path=/later" in logging.Formatter("%(message)s").format(make_record(later, like=first))
