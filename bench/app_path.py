@@ -12,7 +12,7 @@ path is A/B'd here (`--baseline DIR`: another checkout, its own process each rou
 
 The service lets the garbage collector's youngest generation grow far past Python's default (serve/service.py),
 because a request leaves no cyclic garbage of its own: `--garbage` shows it, for a request answered and for each
-kind refused, through the connection's protocol with the collector off (tests/test_serve_memory.py holds it to 0).
+kind refused, through the connection's protocol with the collector off (tests/test_serve.py holds it to 0).
 
 Each side prints the CPU microseconds a request costs entered at each of handoff's middlewares (so what each layer
 adds), at the connection's protocol (the request's bytes handed to the guarded uvicorn protocol the worker serves
