@@ -153,7 +153,7 @@ class ModelService:
         gc.freeze()
         # The youngest generation is collected when 700 more objects were made than freed (Python's default): at
         # c=64 the requests in flight hold thousands, so a collection came every ~14 requests and walked them all,
-        # 27 us of the event loop's CPU a request, served. A request leaves no cyclic garbage of its own (answered
+        # 17-22 us of CPU a request, served. A request leaves no cyclic garbage of its own (answered
         # or refused: only reference counting frees what it made), so the threshold is set above what requests in
         # flight hold: collections become rare and still come where something does leave cycles.
         gc.set_threshold(YOUNG_GENERATION_THRESHOLD, *gc.get_threshold()[1:])

@@ -38,6 +38,9 @@ from serve.config import usable_cores
 from serve.request_metrics import UNKNOWN
 from train.presets import eval_transform
 
+sys.path.insert(0, str(ROOT))  # bench/ is scripts, not an installed package
+from bench.app_path import figures_printed  # noqa: E402
+
 pytestmark = pytest.mark.xdist_group("serve")  # its module fixtures stay on one worker
 
 
@@ -687,6 +690,6 @@ def test_a_request_answered_or_refused_leaves_no_cyclic_garbage(exported: Path):
     in process, the collector off, and counts what the collector then finds."""
     done = run([sys.executable, str(ROOT / "bench" / "app_path.py"), "--garbage", "--export", str(exported)])
     assert done.returncode == 0, done.stderr[-3000:]
-    left = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    left = figures_printed(done.stdout)
     kinds = {"answered", "NaN in the tensor", "JSON header broken", "unknown path", "wrong Content-Type"}
     assert set(left) == kinds and all(objects == 0 for objects in left.values()), left
