@@ -54,8 +54,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import math
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -132,11 +134,15 @@ def _each(rows: Rows, change: Callable[[np.ndarray], np.ndarray]) -> Rows:
 
 
 def _split(outputs: Rows, sizes: list[int]) -> list[Rows]:
-    cuts = np.cumsum(sizes)[:-1]
+    """Each part's rows of a batch's outputs, as views. Sliced here rather than by np.split, which took 18 us
+    for a batch of one (a classifier's three outputs), on the model's thread and holding the GIL."""
+    if len(sizes) == 1:
+        return [outputs]
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    spans = list(zip(bounds, bounds[1:]))
     if isinstance(outputs, np.ndarray):
-        return list(np.split(outputs, cuts))
-    pieces = {name: np.split(a, cuts) for name, a in outputs.items()}
-    return [{name: pieces[name][i] for name in outputs} for i in range(len(sizes))]
+        return [outputs[start:end] for start, end in spans]
+    return [{name: a[start:end] for name, a in outputs.items()} for start, end in spans]
 
 
 class ModelFailed(Exception):
@@ -348,7 +354,7 @@ class ModelBatcher:
             self.refused_since = None  # the model ran a request: the service is serving
         took = time.monotonic() - started
         self.recent_per_row.append(took / rows)
-        self.seconds_per_row = float(np.median(self.recent_per_row))
+        self.seconds_per_row = statistics.median(self.recent_per_row)  # (NumPy's: 18 us for 16 numbers)
         self.seconds_per_call = _average(self.seconds_per_call, took)
         return answers
 

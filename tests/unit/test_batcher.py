@@ -50,6 +50,30 @@ def test_concurrent_calls_are_batched_and_answered_in_their_own_rows():
     assert sum(seen_batches) == 12 and max(seen_batches) > 1, f"never batched: {seen_batches}"
 
 
+def test_callers_of_different_row_counts_get_their_own_rows_of_every_output():
+    """A batch's outputs (several, by name) are cut back into each caller's rows, however many each sent."""
+
+    def model(batch: np.ndarray) -> dict[str, np.ndarray]:
+        return {"times_ten": batch * 10, "first": batch[:, :1].copy()}
+
+    async def go():
+        batcher = ModelBatcher(model, max_batch_size=16, max_latency_ms=5000)
+        results = {}
+
+        async def call(i: int):
+            results[i] = await batcher(np.arange(i * 3, dtype=np.float64).reshape(i, 3) + i)
+
+        async with anyio.create_task_group() as tasks:
+            for i in (1, 2, 3, 1, 4):
+                tasks.start_soon(call, i)
+        return results
+
+    for i, out in anyio.run(go).items():
+        sent = np.arange(i * 3, dtype=np.float64).reshape(i, 3) + i
+        np.testing.assert_array_equal(out["times_ten"], sent * 10)
+        np.testing.assert_array_equal(out["first"], sent[:, :1])
+
+
 def test_overload_is_refused_with_503_and_the_rest_answered():
     """A model slower than the latency budget: the batcher refuses what it cannot answer in time, as 503."""
 
