@@ -107,8 +107,8 @@ class SameShape:
 
     def join(self, parts: list[Rows]) -> Rows:
         if isinstance(parts[0], np.ndarray):
-            return _stacked(parts)  # type: ignore[arg-type]
-        return {name: _stacked([p[name] for p in parts]) for name in parts[0]}
+            return np.concatenate(parts)  # type: ignore[arg-type]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     def fits(self, parts: list[Rows], more: Rows) -> bool:
         """Whether `more` may join a batch of `parts` (the batch size is checked besides)."""
@@ -117,24 +117,6 @@ class SameShape:
     def groups(self, parts: list[Rows]) -> list[list[int]]:
         """How one batch's parts (by index) go to the model: here in one call."""
         return [list(range(len(parts)))]
-
-
-def _stacked(arrays: list[np.ndarray]) -> np.ndarray:
-    """Arrays of one dtype and row shape, joined along the batch dimension in one copy that keeps the GIL.
-
-    np.concatenate lets the GIL go and takes it back for each part it copies (NumPy releases it for copies of 500
-    elements and more), and in the service each retake waits its turn behind the event loop and the decoders: at
-    c=64 on the digits model's JPEGs the model's thread spent 9% of its time in that join (py-spy), the model idle
-    meanwhile. A bytes join copies with the GIL held (once released for a megabyte or more), and cost less alone
-    too (16 against 28 us for 32 rows of 3 x 32 x 32)."""
-    if len(arrays) == 1:
-        return arrays[0]
-    first = arrays[0]
-    if not all(a.flags.c_contiguous for a in arrays):
-        arrays = [np.ascontiguousarray(a) for a in arrays]
-    # a bytearray, so that the batch stays writable (torch.from_numpy warns on a read-only one)
-    joined = bytearray().join(arrays)  # type: ignore[arg-type]  # (NumPy's arrays are buffers)
-    return np.frombuffer(joined, dtype=first.dtype).reshape(sum(len(a) for a in arrays), *first.shape[1:])
 
 
 class BatchShape(Protocol):

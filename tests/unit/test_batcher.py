@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from contract.errors import ClientError
-from serve.batching import ModelBatcher, ModelFailed, _stacked
+from serve.batching import ModelBatcher, ModelFailed
 
 BUSY_S = 0.3  # how long the first caller holds the event loop in the test of overlapping batches
 
@@ -72,20 +72,6 @@ def test_callers_of_different_row_counts_get_their_own_rows_of_every_output():
         sent = np.arange(i * 3, dtype=np.float64).reshape(i, 3) + i
         np.testing.assert_array_equal(out["times_ten"], sent * 10)
         np.testing.assert_array_equal(out["first"], sent[:, :1])
-
-
-def test_a_batch_is_joined_as_numpy_would_join_it_and_stays_writable():
-    """The rows of a batch are joined in one copy (serve/batching.py's `_stacked`): the same array np.concatenate
-    makes, from parts that are not contiguous too, and writable (a runtime may hand it to torch.from_numpy)."""
-    parts = [
-        np.arange(6, dtype=np.float32).reshape(2, 3),
-        np.asfortranarray(np.arange(12, dtype=np.float32).reshape(4, 3)),
-        np.arange(6, dtype=np.float32).reshape(1, 6)[:, ::2],
-    ]
-    joined = _stacked(parts)
-    np.testing.assert_array_equal(joined, np.concatenate(parts))
-    assert joined.dtype == np.float32 and joined.flags.writeable
-    assert _stacked(parts[:1]) is parts[0]  # one part: no copy
 
 
 def test_overload_is_refused_with_503_and_the_rest_answered():
