@@ -63,8 +63,9 @@ def measure_rounds(
 
 
 def print_sides(median: dict[str, Any], sides: Sequence[str], concurrency: Sequence[int], unit: str = "images") -> None:
-    """One line per side and concurrency: rate, latency, the server's CPU per item, errors; then, at c=64, where
-    each side's server CPU went."""
+    """One line per side and concurrency: rate, latency, the server's CPU per item, errors; then, at c=1 (a lone
+    request's, whose event loop runs cold between the model's calls) and at c=64, where each side's server CPU
+    went."""
     width = max(map(len, sides), default=0)
     for c in map(str, concurrency):
         for name in sides:
@@ -74,8 +75,9 @@ def print_sides(median: dict[str, Any], sides: Sequence[str], concurrency: Seque
                 f"p99 {r['p99_ms']:7.1f} ms  server CPU {r['server_cpu_ms_per_image']:5.1f} ms/{unit[:-1]}  "
                 f"errors {r['errors']:.0f}"
             )
-    if 64 in concurrency:
-        print_cpu_by_thread(median, sides, unit)
+    for shown in (1, 64):
+        if shown in concurrency:
+            print_cpu_by_thread(median, sides, unit, str(shown))
 
 
 def print_cpu_by_thread(median: dict[str, Any], sides: Sequence[str], unit: str = "images", shown: str = "64") -> None:

@@ -99,3 +99,18 @@ def test_a_serving_result_keeps_every_round_and_the_medians(tmp_path):
     assert path == tmp_path / "detection_serving.json" and record["rounds"] == 3 and record["per_round"] == rounds
     assert record["limit"] == {"images_per_s": 90.0} and record["services"]["ours"]["64"]["images_per_s"] == 76.0
     assert record["ratios"] == {"ours_over_limit_c64": 76.0 / 90.0}, "the ratio of the medians, not a round's"
+
+
+def test_the_serving_lines_show_each_sides_cpu_by_thread_alone_and_at_c64(capsys):
+    """Where a server's CPU goes is printed for a lone request (c=1) and at c=64, each side's threads by name."""
+    from bench.serving import print_sides
+
+    def level(loop_ms: float) -> dict:
+        by_thread = {"worker: main thread": loop_ms, "worker: other threads": 0.8}
+        figures = dict(images_per_s=100.0, p50_ms=1.0, p99_ms=2.0, server_cpu_ms_per_image=1.0, errors=0)
+        return {**figures, "server_cpu_ms_per_image_by_thread": by_thread}
+
+    print_sides({"ours": {"1": level(0.48), "16": level(0.3), "64": level(0.227)}}, ["ours"], [1, 16, 64])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "by thread" in line]
+    assert [line.split(",")[0].strip() for line in lines] == ["ours c=1", "ours c=64"]
+    assert "worker: main thread 480" in lines[0] and "worker: main thread 227" in lines[1]
