@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import math
 import statistics
@@ -67,10 +66,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from contract.errors import ClientError
+from serve.batch_shape import BatchShape, Rows, SameShape, rows_in, split_rows
 
 log = logging.getLogger("bentoml.handoff.batching")
 
-Rows = np.ndarray | dict[str, np.ndarray]  # a classifier's one input, or any model's inputs by name
 # The longest a batch waits for rows still being decoded, in decodes' time: 2 and 4 measured with
 # bench/phone_photos.py, 4 served more ("Phone photos" in docs/serve.md).
 HOLD_DECODES = 4
@@ -92,57 +91,8 @@ class Upstream(Protocol):
     def backlogged(self) -> bool: ...
 
 
-def _size(rows: Rows) -> int:
-    return len(rows) if isinstance(rows, np.ndarray) else len(next(iter(rows.values())))
-
-
-class SameShape:
-    """How requests share a batch by default: only where every input agrees beyond the batch dimension (shape and
-    dtype), joined as they are. serve/tasks/texts.py's PaddedSequences is the other way: any length,
-    padded."""
-
-    def key(self, rows: Rows) -> tuple:
-        arrays = {"": rows} if isinstance(rows, np.ndarray) else rows
-        return tuple((name, a.shape[1:], a.dtype.str) for name, a in sorted(arrays.items()))
-
-    def join(self, parts: list[Rows]) -> Rows:
-        if isinstance(parts[0], np.ndarray):
-            return np.concatenate(parts)  # type: ignore[arg-type]
-        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-
-    def fits(self, parts: list[Rows], more: Rows) -> bool:
-        """Whether `more` may join a batch of `parts` (the batch size is checked besides)."""
-        return True
-
-    def groups(self, parts: list[Rows]) -> list[list[int]]:
-        """How one batch's parts (by index) go to the model: here in one call."""
-        return [list(range(len(parts)))]
-
-
-class BatchShape(Protocol):
-    def key(self, rows: Rows) -> tuple: ...
-
-    def join(self, parts: list[Rows]) -> Rows: ...
-
-    def fits(self, parts: list[Rows], more: Rows) -> bool: ...
-
-    def groups(self, parts: list[Rows]) -> list[list[int]]: ...
-
-
 def _each(rows: Rows, change: Callable[[np.ndarray], np.ndarray]) -> Rows:
     return change(rows) if isinstance(rows, np.ndarray) else {name: change(a) for name, a in rows.items()}
-
-
-def _split(outputs: Rows, sizes: list[int]) -> list[Rows]:
-    """Each part's rows of a batch's outputs, as views. Sliced here rather than by np.split, which took 18 us
-    for a batch of one (a classifier's three outputs), on the model's thread and holding the GIL."""
-    if len(sizes) == 1:
-        return [outputs]
-    bounds = list(itertools.accumulate(sizes, initial=0))
-    spans = list(zip(bounds, bounds[1:]))
-    if isinstance(outputs, np.ndarray):
-        return [outputs[start:end] for start, end in spans]
-    return [{name: a[start:end] for name, a in outputs.items()} for start, end in spans]
 
 
 class ModelFailed(Exception):
@@ -171,7 +121,7 @@ class _Job:
     size: int = 0
 
     def __post_init__(self) -> None:
-        self.size = _size(self.rows)
+        self.size = rows_in(self.rows)
 
 
 class ModelBatcher:
@@ -228,7 +178,7 @@ class ModelBatcher:
             raise self._overloaded()
 
     async def __call__(self, batch: Rows) -> Any:
-        self.admit(_size(batch))
+        self.admit(rows_in(batch))
         job = _Job(batch, asyncio.get_running_loop().create_future(), key=self.shape.key(batch))
         with self.arrived:
             self.queue.append(job)
@@ -332,7 +282,7 @@ class ModelBatcher:
 
     def _padded(self, inputs: Rows) -> Rows:
         """`inputs` with zero rows added up to the next size in pad_to (as they are past the largest)."""
-        rows = _size(inputs)
+        rows = rows_in(inputs)
         size = next((s for s in self.pad_to or () if s >= rows), rows)
         if size == rows:
             return inputs
@@ -341,7 +291,7 @@ class ModelBatcher:
     def _run_model(self, parts: list[Rows]) -> list[Rows | Exception]:
         """In the model thread: one batch of the callers' rows, joined (and padded) here, off the event loop, and
         each caller's share of the outputs; if it fails, each caller's own answer or failure (see the module)."""
-        rows = sum(_size(part) for part in parts)
+        rows = sum(rows_in(part) for part in parts)
         started = time.monotonic()
         if self.seconds_per_row is not None:
             self.running_until = started + rows * self.seconds_per_row
@@ -364,13 +314,13 @@ class ModelBatcher:
         for group in self.shape.groups(parts):
             members = [parts[i] for i in group]
             outputs = self._unpadded(self.model(self._padded(self.shape.join(members))), members)
-            answers.update(zip(group, _split(outputs, [_size(part) for part in members]), strict=True))
+            answers.update(zip(group, split_rows(outputs, [rows_in(part) for part in members]), strict=True))
         return [answers[i] for i in range(len(parts))]
 
     @staticmethod
     def _unpadded(outputs: Rows, parts: list[Rows]) -> Rows:
         """The outputs of `parts`' rows, the padding rows (pad_to) dropped."""
-        rows = sum(_size(part) for part in parts)
+        rows = sum(rows_in(part) for part in parts)
         return _each(outputs, lambda a: a[:rows])
 
     def _apart(self, parts: list[Rows]) -> list[Rows | Exception]:

@@ -8,7 +8,7 @@ decode/predict/encode and KServe's preprocess/predict/postprocess, shaped to wha
 - `routes`: handoff's own POST routes it answers (`answer`), its main one first; any other is `refuse`d;
 - `run`: the model's call on a batch of rows, in the model thread (whatever is cheaper there than on the
   event loop, a softmax or a ranking, is done here);
-- `batch_shape`: which requests may share a call (serve/batching.py; None: rows of one shape);
+- `batch_shape`: which requests may share a call (serve/batch_shape.py; None: rows of one shape);
 - `protocol_tensors` and `infer`: the Open Inference Protocol's inputs and outputs, and its infer, on requests
   serve/oip_codec.py has parsed (through the same batcher: `Serving.batched`);
 - `info`: the task's fields of GET /info; `schemas`: its routes' request and answer schemas for /docs.json.
@@ -28,7 +28,8 @@ import numpy as np
 
 from contract.errors import ClientError
 from contract.signature import Signature, read_signature
-from serve.batching import BatchShape, ModelFailed
+from serve.batch_shape import BatchShape
+from serve.batching import ModelFailed
 from serve.config import ServeConfig
 from serve.decode_pool import DecodePool
 from serve.endpoint import Answer, Incoming, RouteSchema

@@ -27,7 +27,7 @@ def image_files(request: InferRequest, max_rows: int) -> list[bytes]:
 
 
 class OneImageEach:
-    """serve/batching.py's batch shape for images of their own sizes: any share a batch, each runs alone."""
+    """serve/batch_shape.py's batch shape for images of their own sizes: any share a batch, each runs alone."""
 
     def key(self, rows: Any) -> tuple:
         return ()

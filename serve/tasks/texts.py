@@ -29,7 +29,7 @@ of CPU itself; a longer one goes to a decoder thread"""
 
 
 class PaddedSequences:
-    """serve/batching.py's batch shape for token inputs: any lengths share a batch, padded to the longest (the
+    """serve/batch_shape.py's batch shape for token inputs: any lengths share a batch, padded to the longest (the
     pad token's id, a zero mask), up to `max_tokens` padded tokens in all."""
 
     def __init__(self, settings: TokenizerSettings, max_tokens: int | None = None) -> None:
