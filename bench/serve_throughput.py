@@ -33,6 +33,8 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
 - peer_protocol_floor: bench/peer/protocol_floor.py, the floor below ASGI (an asyncio Protocol parsing HTTP
   with httptools, the same batcher and session), sent the same protocol binary infers as ours_oip_tensor: the
   least a Python front end costs a request, beside Triton's C++ one;
+- peer_protocol_floor_jpeg: the same floor below ASGI sent each JPEG as the body of /classify, decoded as the
+  floor decodes it: the least a Python front end costs a JPEG, beside the limit;
 - peer_kserve (CPU only): bench/peer/kserve_peer.py, KServe's model server with a `kserve.Model` (no batching of
   its own), the same binary infers;
 - peer_ray (CPU only): bench/peer/ray_peer.py, Ray Serve with `@serve.batch`, the same binary infers;
@@ -107,6 +109,7 @@ SERVICES = (
     "peer_triton_image",
     "peer_floor_tensor",
     "peer_protocol_floor",
+    "peer_protocol_floor_jpeg",
     "peer_kserve",
     "peer_ray",
     "peer_mlserver",
@@ -136,6 +139,7 @@ FORM = {
     "peer_triton_image": "oip_image",
     "peer_floor_tensor": "oip_tensor",
     "peer_protocol_floor": "oip_tensor",
+    "peer_protocol_floor_jpeg": "raw",
     "peer_kserve": "oip_tensor",
     "peer_ray": "oip_tensor",
     "peer_mlserver": "oip_json",
@@ -167,7 +171,14 @@ PEERS = {"peer_minimal": "minimal:MinimalPeer", "peer_batched": "batched:Batched
 def default_sides(device: str) -> list[str]:
     """Every side for the device but the servers instead and the sides measured beside them (JSON, per core):
     those are asked for by name, each server installing its own virtualenv on first use."""
-    opt_in = (*SERVERS_INSTEAD, "ours_oip_json", "ours_oip_tensor_per_core", "peer_floor_tensor", "peer_protocol_floor")
+    opt_in = (
+        *SERVERS_INSTEAD,
+        "ours_oip_json",
+        "ours_oip_tensor_per_core",
+        "peer_floor_tensor",
+        "peer_protocol_floor",
+        "peer_protocol_floor_jpeg",
+    )
     return [name for name in SERVICES if (device == "cpu" or name not in CPU_ONLY) and name not in opt_in]
 
 
@@ -176,7 +187,7 @@ def start(name: str, folder: Path, device: str, log: Path, checkout: Path = ROOT
         return floor_server(log, folder, device)
     if name == "peer_litserve":
         return litserve_server(log, folder, device)
-    if name == "peer_protocol_floor":
+    if name in ("peer_protocol_floor", "peer_protocol_floor_jpeg"):
         return ScriptServer(log, ROOT / "bench" / "peer" / "protocol_floor.py", str(folder), device)
     if name in ("peer_triton", "peer_triton_image"):
         return TritonServer(log, folder, images=name == "peer_triton_image")

@@ -10,8 +10,9 @@ without ASGI could spend as little on a request as Triton's C++ one.
 
     python bench/peer/protocol_floor.py MODEL_DIR cpu|cuda PORT
 
-POST /v2/models/{name}/infer answers the protocol's JSON response with the logits; POST /provider the session's
-ONNX Runtime provider; any other request 200 (the readiness probe).
+POST /v2/models/{name}/infer answers the protocol's JSON response with the logits; POST /classify (the JPEG as the
+body) {"index": top-1}; POST /provider the session's ONNX Runtime provider; any other request 200 (the readiness
+probe).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.peer.model_process import SessionModel  # noqa: E402
 from bench.peer.oip_tensor import HEADER_LENGTH, answer_of, rows_of  # noqa: E402
+from contract.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
+from contract.pil_transform import Preprocessor  # noqa: E402
+from serve.config import usable_cores  # noqa: E402
+from serve.decode_pool import DecodePool  # noqa: E402
 
 HEADER_NAME = HEADER_LENGTH.encode()  # as httptools hands a header's name over
 
@@ -40,11 +45,27 @@ def response(status: bytes, body: bytes, keep_alive: bool) -> bytes:
     return head % (status, len(body), connection) + body
 
 
+class Images:
+    """A JPEG body to its logits: decoded as the floor and the service decode it, one decoder per core at a time."""
+
+    def __init__(self, folder: Path, model: SessionModel, decoders: DecodePool) -> None:
+        manifest = read_manifest_unchecked(folder)
+        self.preprocess = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
+        self.fast = fast_decode_passed(manifest)
+        self.model, self.decoders = model, decoders
+
+    async def __call__(self, jpeg: bytes) -> bytes:
+        row = await self.decoders.run(lambda: self.preprocess(self.preprocess.decode(jpeg, fast=self.fast)))
+        logits = await self.model(row[None])
+        return orjson.dumps({"index": int(logits[0].argmax())})
+
+
 class Connection(asyncio.Protocol):
     """One client connection: a request is parsed as its bytes arrive and answered when the model has."""
 
-    def __init__(self, model: SessionModel) -> None:
+    def __init__(self, model: SessionModel, images: Images) -> None:
         self.model = model
+        self.images = images
         self.parser = httptools.HttpRequestParser(self)
         self.transport: Any = None  # uvloop's own transport class (not a subclass of asyncio.Transport)
         self.url, self.header_length, self.body = b"", 0, bytearray()
@@ -75,21 +96,26 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         keep_alive = self.parser.should_keep_alive()
-        if not self.url.endswith(b"/infer"):
+        if self.url.endswith(b"/infer"):
+            logits = asyncio.ensure_future(self.model(rows_of(self.body, self.header_length)))
+            logits.add_done_callback(lambda done: self._answer(answer_of(done.result()), keep_alive))
+        elif self.url == b"/classify":
+            index = asyncio.ensure_future(self.images(bytes(self.body)))
+            index.add_done_callback(lambda done: self._answer(done.result(), keep_alive))
+        else:
             about = {"provider": self.model.provider} if self.url == b"/provider" else {}
             self.transport.write(response(b"200 OK", orjson.dumps(about), keep_alive))
-            return
-        answer = asyncio.ensure_future(self.model(rows_of(self.body, self.header_length)))
-        answer.add_done_callback(lambda done: self._answer(done, keep_alive))
 
-    def _answer(self, done: asyncio.Future[Any], keep_alive: bool) -> None:
-        self.transport.write(response(b"200 OK", answer_of(done.result()), keep_alive))
+    def _answer(self, body: bytes, keep_alive: bool) -> None:
+        self.transport.write(response(b"200 OK", body, keep_alive))
 
 
 async def serve(folder: Path, device: str, port: int) -> None:
-    model = SessionModel(folder, device, threads=None)
+    decoders = DecodePool(usable_cores())
+    model = SessionModel(folder, device, threads=None, decoders=decoders)
+    images = Images(folder, model, decoders)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Connection(model), "127.0.0.1", port, backlog=1024)
+    server = await loop.create_server(lambda: Connection(model, images), "127.0.0.1", port, backlog=1024)
     async with server:
         await server.serve_forever()
 
