@@ -46,7 +46,7 @@ def response(status: bytes, body: bytes, keep_alive: bool) -> bytes:
 
 
 class Images:
-    """A JPEG body to its logits: decoded as the floor and the service decode it, one decoder per core at a time."""
+    """A JPEG body to its top-1 answer: decoded as the floor and the service decode it, a decoder per core."""
 
     def __init__(self, folder: Path, model: SessionModel, decoders: DecodePool) -> None:
         manifest = read_manifest_unchecked(folder)
