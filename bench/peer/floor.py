@@ -33,10 +33,9 @@ from starlette.routing import Route
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from bench.peer.jpeg_answer import JpegAnswer  # noqa: E402
 from bench.peer.model_process import ModelClient, SessionModel  # noqa: E402
 from bench.peer.oip_tensor import HEADER_LENGTH, answer_of, rows_of  # noqa: E402
-from contract.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
-from contract.pil_transform import Preprocessor  # noqa: E402
 from harness.server import ScriptServer  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
 from serve.decode_pool import DecodePool  # noqa: E402
@@ -45,20 +44,15 @@ from serve.decode_pool import DecodePool  # noqa: E402
 def app(folder: Path, device: str, workers: int = 1, model_socket: str | None = None) -> Starlette:
     """One worker's app; `model_socket`: the model process to send rows to, instead of a session of its own."""
     share = max(1, usable_cores() // workers)  # the service's split of the cores among its workers
-    manifest = read_manifest_unchecked(folder)
-    pre = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
-    fast = fast_decode_passed(manifest)  # decoding as the service does by default
     decoders = DecodePool(share)
     if model_socket:
         model: ModelClient | SessionModel = ModelClient(model_socket)
     else:  # one worker: ONNX Runtime's own thread count, as the service's
         model = SessionModel(folder, device, share if workers > 1 else None, decoders)
+    jpeg_answer = JpegAnswer(folder, model, decoders)
 
-    async def classify(request: Request) -> JSONResponse:
-        body = await request.body()
-        row = await decoders.run(lambda: pre(pre.decode(body, fast=fast)))
-        logits = await model(row[None])
-        return JSONResponse({"index": int(logits[0].argmax())})
+    async def classify(request: Request) -> Response:
+        return Response(await jpeg_answer(await request.body()), media_type="application/json")
 
     async def infer(request: Request) -> Response:
         body = await request.body()

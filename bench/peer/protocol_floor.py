@@ -29,10 +29,9 @@ import uvloop
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from bench.peer.jpeg_answer import JpegAnswer  # noqa: E402
 from bench.peer.model_process import SessionModel  # noqa: E402
 from bench.peer.oip_tensor import HEADER_LENGTH, answer_of, rows_of  # noqa: E402
-from contract.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
-from contract.pil_transform import Preprocessor  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
 from serve.decode_pool import DecodePool  # noqa: E402
 
@@ -45,25 +44,10 @@ def response(status: bytes, body: bytes, keep_alive: bool) -> bytes:
     return head % (status, len(body), connection) + body
 
 
-class Images:
-    """A JPEG body to its top-1 answer: decoded as the floor and the service decode it, a decoder per core."""
-
-    def __init__(self, folder: Path, model: SessionModel, decoders: DecodePool) -> None:
-        manifest = read_manifest_unchecked(folder)
-        self.preprocess = Preprocessor.from_manifest(manifest["preprocess"], max_pixels=10**8)
-        self.fast = fast_decode_passed(manifest)
-        self.model, self.decoders = model, decoders
-
-    async def __call__(self, jpeg: bytes) -> bytes:
-        row = await self.decoders.run(lambda: self.preprocess(self.preprocess.decode(jpeg, fast=self.fast)))
-        logits = await self.model(row[None])
-        return orjson.dumps({"index": int(logits[0].argmax())})
-
-
 class Connection(asyncio.Protocol):
     """One client connection: a request is parsed as its bytes arrive and answered when the model has."""
 
-    def __init__(self, model: SessionModel, images: Images) -> None:
+    def __init__(self, model: SessionModel, images: JpegAnswer) -> None:
         self.model = model
         self.images = images
         self.parser = httptools.HttpRequestParser(self)
@@ -113,7 +97,7 @@ class Connection(asyncio.Protocol):
 async def serve(folder: Path, device: str, port: int) -> None:
     decoders = DecodePool(usable_cores())
     model = SessionModel(folder, device, threads=None, decoders=decoders)
-    images = Images(folder, model, decoders)
+    images = JpegAnswer(folder, model, decoders)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Connection(model, images), "127.0.0.1", port, backlog=1024)
     async with server:
