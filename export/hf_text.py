@@ -38,7 +38,7 @@ from export.pipeline import Check, ExportRequest, OwnChecks, tolerance_of, write
 from export.provenance import Provenance, load_checked, trace
 from export.readers import Source, read_source
 from export.readers.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files, tokenizer_folder
-from export.readers.lora import merge, read_adapter
+from export.readers.lora import Adapter, merge, read_adapter, stored_transposed
 from export.steps import timed
 from export.tensor_model import Example, describe, first_line
 from export.unwrap import Unwrapped, unwrap_keys
@@ -89,9 +89,8 @@ def load_hf_text(
         if hf.weights == hf.config_dir:  # Trainer's checkpoint-N or a save_pretrained folder
             src.kind = "transformers"
         adapter = read_adapter(hf.adapter) if hf.adapter is not None else None
-        state = merge(adapter, src.state_dict) if adapter is not None else src.state_dict
         model, unwrapped, provenance = build_hf_model(
-            hf, state, auto_class, args.trust_remote_code, args.allow_partial, fit
+            hf, src.state_dict, auto_class, args.trust_remote_code, args.allow_partial, fit, adapter
         )
         if adapter is not None:
             provenance.adapter = adapter.to_manifest()
@@ -105,9 +104,11 @@ def build_hf_model(
     trust_remote_code: bool,
     allow_partial: bool = False,
     fit: Callable[[Any, set[str]], None] | None = None,
+    adapter: Adapter | None = None,
 ) -> tuple[Any, Unwrapped, Provenance]:
     """The model the config describes, with every one of its tensors from the checkpoint (wrapper prefixes removed;
-    tied weights only where the model declares them), and its provenance (export/provenance.py)."""
+    tied weights only where the model declares them) and `adapter` merged in as PEFT merges it into this model's
+    layers, and its provenance (export/provenance.py)."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # its notes about training (the loss it would use) are not ours
@@ -120,6 +121,8 @@ def build_hf_model(
         hf.config_dir, trust_remote_code=trust_remote_code, local_files_only=True
     )
     model = getattr(transformers, auto_class).from_config(config, trust_remote_code=trust_remote_code)
+    if adapter is not None:
+        state = merge(adapter, state, stored_transposed(model))
     state, renamed = renamed_on_load(model, state)
     if fit is not None:
         fit(model, set(unwrap_keys(state, set(model.state_dict())).state_dict))
@@ -279,10 +282,12 @@ def tokenized_job(
     fields: dict[str, Any],
     described: str,
     pairs: bool = False,
+    reference: Callable[[TextTokenizer, Path], list[Check]] | None = None,
 ) -> Job:
     """The export of a text model that takes what `tokenizer` makes (of pairs of texts, with `pairs`): `wrapper`
     (the model, giving its outputs by name) described and proved on the parity samples, the task's manifest
-    `fields` added, the tokenizer checked and copied into the export."""
+    `fields` added, the tokenizer checked and copied into the export; `reference(served, out)`: the task's
+    comparison of the written export with the user's library (export/reference.py)."""
     args, device = request.args, request.device
     settings = tokenizer_settings(tokenizer, loaded.model.config, pairs)
     served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
@@ -300,7 +305,7 @@ def tokenized_job(
     def text_checks(out: Path) -> tuple[list[str], list[Check]]:
         copied = copy_tokenizer(tokenizer, loaded.model, out)
         checks = [same_ids(tokenizer, served, samples), *padding_is_exact(served, samples, out, device, args)]
-        return copied, checks
+        return copied, checks + (reference(served, out) if reference is not None else [])
 
     def write(out: Path) -> int:
         own = OwnChecks("text", text_checks)

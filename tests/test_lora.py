@@ -105,11 +105,83 @@ def test_a_base_named_by_a_hub_id_needs_hf_config_and_then_exports(lora_run: Pat
 
 @pytest.mark.parametrize(
     ("change", "words"),
-    [({"use_dora": True}, "DoRA"), ({"peft_type": "IA3"}, "IA3"), ({"rank_pattern": {"q_lin": 8}}, "rank_pattern")],
+    [
+        ({"init_lora_weights": "pissa"}, "rewrites the base"),
+        ({"peft_type": "IA3"}, "IA3"),
+        ({"rank_pattern": {"q_lin": 8}}, "rank_pattern"),
+        ({"a_setting_of_a_later_peft": 3}, "a_setting_of_a_later_peft=3"),
+    ],
 )
 def test_what_is_not_merged_yet_is_refused_in_one_line(lora_run: Path, tmp_path: Path, change, words):
     folder = _adapter_copy(lora_run, tmp_path, **change)
     refused = run([sys.executable, "-m", "export", str(folder), "--out", str(tmp_path / "x.export"), "--no-bento"])
     last = refused.stderr.strip().splitlines()[-1]
     assert refused.returncode != 0 and words in last, refused.stderr[-1500:]
+    assert not (tmp_path / "x.export").exists()
+
+
+def _tiny_base(kind: str, folder: Path) -> transformers.PreTrainedModel:
+    """A tiny BERT (Linear layers, word embeddings) or GPT-2 (Conv1D layers), saved to `folder`."""
+    torch.manual_seed(0)
+    if kind == "bert":
+        config = transformers.BertConfig(
+            vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+        )
+        model = transformers.BertModel(config)
+    else:
+        config = transformers.GPT2Config(vocab_size=60, n_embd=16, n_layer=1, n_head=2, n_positions=32)
+        model = transformers.GPT2Model(config)
+    model.save_pretrained(folder)
+    return model
+
+
+def _trained_adapter(base: transformers.PreTrainedModel, folder: Path, **settings) -> peft.PeftModel:
+    """A PEFT adapter on `base` whose every trainable tensor is random (as training leaves it: B is zero at
+    initialisation, DoRA's magnitude the base's norm), saved to `folder`."""
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, **settings))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(parameter + 0.3 * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(folder)
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings"),
+    [
+        ("bert", {"target_modules": ["query", "word_embeddings"]}),  # an embedding's pair has no .weight suffix
+        ("bert", {"target_modules": ["query", "value"], "fan_in_fan_out": True}),  # PEFT ignores it on Linear
+        ("bert", {"target_modules": ["query", "dense"], "use_dora": True}),
+        ("bert", {"target_modules": ["word_embeddings"], "use_dora": True}),
+        ("gpt2", {"target_modules": ["c_attn", "c_proj"], "fan_in_fan_out": True}),  # Conv1D: (in, out)
+        ("gpt2", {"target_modules": ["c_attn"], "use_dora": True, "fan_in_fan_out": True, "use_rslora": True}),
+    ],
+)
+def test_every_merge_equals_peft_merge_and_unload(tmp_path: Path, kind: str, settings: dict):
+    from export.hf_text import build_hf_model
+    from export.readers.hf_checkpoint import find_hf_checkpoint
+    from export.readers.lora import read_adapter
+
+    base = _tiny_base(kind, tmp_path / "base")
+    base_state = {k: v.clone() for k, v in base.state_dict().items()}
+    expected = _trained_adapter(base, tmp_path / "adapter", **settings).merge_and_unload().state_dict()
+    hf = find_hf_checkpoint(tmp_path / "base", None)
+    model, _, provenance = build_hf_model(
+        hf, base_state, "AutoModel", False, adapter=read_adapter(tmp_path / "adapter")
+    )
+    ours = model.state_dict()
+    changed = [name for name, tensor in expected.items() if not torch.equal(tensor, base_state[name])]
+    assert changed, "the adapter changes nothing"
+    for name, tensor in expected.items():
+        torch.testing.assert_close(ours[name], tensor, atol=1e-5, rtol=1e-5, msg=name)
+    assert provenance.complete
+
+
+def test_an_activated_lora_is_refused_as_peft_refuses_to_merge_it(lora_run: Path, tmp_path: Path):
+    folder = _adapter_copy(lora_run, tmp_path, alora_invocation_tokens=[5, 6])
+    refused = run([sys.executable, "-m", "export", str(folder), "--out", str(tmp_path / "x.export"), "--no-bento"])
+    last = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode != 0 and "activated LoRA" in last, refused.stderr[-1500:]
     assert not (tmp_path / "x.export").exists()

@@ -1,40 +1,62 @@
 """A PEFT LoRA adapter merged into its base model's weights, as PEFT's `merge_and_unload` merges it, without PEFT.
 
 An adapter checkpoint (Trainer's `checkpoint-N` of a PEFT model, or `save_pretrained`) holds `adapter_config.json`
-and `adapter_model.safetensors`: for each adapted layer a low-rank pair (`lora_A`, `lora_B`), and the modules
-trained whole (`modules_to_save`: a classifier's head). Merged, a layer's weight is
+and `adapter_model.safetensors`: for each adapted layer a low-rank pair (`lora_A.weight` and `lora_B.weight`; an
+embedding's is `lora_embedding_A` and `lora_embedding_B`, with no suffix), DoRA's `lora_magnitude_vector` where
+`use_dora`, and the modules trained whole (`modules_to_save`: a classifier's head). Merged, a layer's weight is
 
-    W + scale * (B @ A)          scale = lora_alpha / r   (use_rslora: lora_alpha / sqrt(r))
+    W' = W + scale * (B @ A)                 scale = lora_alpha / r   (use_rslora: lora_alpha / sqrt(r))
+    DoRA: W' = m / |W + scale * (B @ A)| * (W + scale * (B @ A))     (the norm of each output's row)
 
-(transposed for `fan_in_fan_out` layers, GPT-2's Conv1D; an embedding's pair is `lora_embedding_A`/`_B`), and a
-module trained whole replaces the base's. Every adapter tensor must find its place in the base, with the shapes
-the product needs; anything else (DoRA, per-layer ranks, a bias the adapter trained) is refused in one line until
-tried. The merged state then loads into the model as any checkpoint does, and provenance traces the exported model
-to it; the manifest's `provenance.adapter` records what was merged, with the adapter file's sha256.
+in the layer's (out, in) orientation. The layer's type decides a transpose, as PEFT decides it: GPT-2's `Conv1D`
+stores (in, out) and an embedding (vocabulary, dim); `fan_in_fan_out` itself is ignored, since PEFT sets it from
+the layer's type too. A module trained whole replaces the base's. Every adapter tensor must find its place in the
+base, with the shapes the product needs, and every setting of adapter_config.json is one this module merges, one
+that does not change the merged weights (`SETTINGS_WITHOUT_EFFECT`), or refused in one line: what PEFT will not
+merge (an activated LoRA), handoff will not either. The merged state then loads into the model as any checkpoint
+does, and provenance traces the exported model to it; the manifest's `provenance.adapter` records what was merged,
+with the adapter file's sha256.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from contract.manifest import sha256_file
 from export.readers.hf_checkpoint import ADAPTER_CONFIG, check_own_files
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."  # PEFT's wrapper around the base model, in every saved key
-PAIRS = {"lora_A": "lora_B", "lora_embedding_A": "lora_embedding_B"}
-UNTRIED = {  # adapter settings whose merge this module does not do yet: refused, never merged wrongly
-    "use_dora": "DoRA",
+PAIRS = {"lora_A.weight": "lora_B.weight", "lora_embedding_A": "lora_embedding_B"}
+MAGNITUDE = "lora_magnitude_vector"  # DoRA's per-output magnitude, saved beside the pair
+MERGED_SETTINGS = {"peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "bias", "lora_bias", "fan_in_fan_out"}
+SETTINGS_WITHOUT_EFFECT = {  # what says where the adapter came from or how it trained, not what it merges to
+    "base_model_name_or_path", "revision", "peft_version", "task_type", "inference_mode", "auto_mapping",
+    "target_modules", "exclude_modules", "layers_to_transform", "layers_pattern",  # the saved tensors say which
+    "modules_to_save",  # replaced as saved
+    "lora_dropout", "megatron_core",  # training only; the module path Megatron would use
+    "qalora_group_size",  # read only with use_qalora, refused below
+    "eva_config", "lora_ga_config",  # initialisations of A and B alone: the saved pair is what trained
+}  # fmt: skip
+# init_lora_weights values that start A and B alone; others (PiSSA, OLoRA, CorDA, LoftQ) rewrite the base's weights
+PLAIN_INITIALISATIONS = (True, False, "gaussian", "eva", "lora_ga", "orthogonal")
+REFUSED = {  # settings PEFT merges differently, or not at all: refused, never merged wrongly
+    "alora_invocation_tokens": "an activated LoRA (alora_invocation_tokens), which PEFT does not merge either",
     "rank_pattern": "per-layer ranks (rank_pattern)",
     "alpha_pattern": "per-layer alphas (alpha_pattern)",
     "layer_replication": "layer replication",
     "lora_bias": "a trained LoRA bias",
+    "trainable_token_indices": "trainable tokens (trainable_token_indices)",
+    "target_parameters": "LoRA on parameters (target_parameters)",
+    "ensure_weight_tying": "adapters tied across tied weights (ensure_weight_tying)",
 }
 
 
@@ -57,6 +79,7 @@ class Adapter:
         return {
             "folder": str(self.folder.resolve()),
             "peft_type": "LORA",
+            "dora": bool(self.config.get("use_dora")),
             "r": self.config["r"],
             "lora_alpha": self.config["lora_alpha"],
             "scale": self.scale,
@@ -78,11 +101,15 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
     if not isinstance(config, dict) or config.get("peft_type") != "LORA":
         kind = config.get("peft_type") if isinstance(config, dict) else None
         raise ValueError(f"{path}: a {kind} adapter; handoff merges LoRA adapters (merge it with PEFT first)")
-    untried = [what for key, what in UNTRIED.items() if config.get(key)]
+    refused = [what for key, what in REFUSED.items() if config.get(key)]
     if config.get("bias", "none") != "none":
-        untried.append(f"bias={config['bias']!r}")
-    if untried:
-        raise ValueError(f"{path}: {', '.join(untried)}: not merged by handoff yet; merge_and_unload() it with PEFT")
+        refused.append(f"bias={config['bias']!r}")
+    if config.get("init_lora_weights", True) not in PLAIN_INITIALISATIONS:
+        refused.append(f"init_lora_weights={config['init_lora_weights']!r}, which rewrites the base's weights")
+    known = MERGED_SETTINGS | SETTINGS_WITHOUT_EFFECT | set(REFUSED) | {"init_lora_weights"}
+    refused += [f"{key}={value!r}" for key, value in config.items() if key not in known and value]
+    if refused:
+        raise ValueError(f"{path}: {', '.join(refused)}: not merged by handoff; merge_and_unload() it with PEFT")
     if not isinstance(config.get("r"), int) or config["r"] < 1 or not isinstance(config.get("lora_alpha"), int | float):
         raise ValueError(f"{path}: r and lora_alpha must be numbers (r >= 1)")
     return config
@@ -103,32 +130,45 @@ def read_adapter(folder: Path) -> Adapter:
     return Adapter(folder, config, tensors)
 
 
-def merge(adapter: Adapter, base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The base's tensors with the adapter merged in (a new dict; the base's tensors are not changed). ValueError
-    for an adapter tensor with no place in the base, or a pair whose shapes do not make the base weight's."""
+def stored_transposed(model: nn.Module) -> set[str]:
+    """The layers of `model` whose weight is stored (in, out), as PEFT finds them: GPT-2's `Conv1D` and embeddings
+    (vocabulary, dim). A LoRA pair's product is transposed for them, and only for them, whatever fan_in_fan_out says."""
+    return {
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Embedding) or type(module).__name__ == "Conv1D"
+    }
+
+
+def merge(adapter: Adapter, base: dict[str, torch.Tensor], transposed: Set[str]) -> dict[str, torch.Tensor]:
+    """The base's tensors with the adapter merged in (a new dict; the base's tensors are not changed); `transposed`
+    names the layers stored (in, out) (`stored_transposed`). ValueError for an adapter tensor with no place in the
+    base, or a pair whose shapes do not make the base weight's."""
     merged = dict(base)
     used: set[str] = set()
     for name, first in adapter.tensors.items():
-        module, _, rest = name.rpartition(".")  # "...q_lin.lora_A", "weight"
-        layer, _, kind = module.rpartition(".")
-        if kind not in PAIRS:
+        kind = next((k for k in PAIRS if name.endswith(f".{k}")), None)
+        if kind is None:
             continue
-        second_name = f"{layer}.{PAIRS[kind]}.{rest}"
-        target = f"{layer}.weight"
+        layer = name.removesuffix(f".{kind}")
+        second_name, target = f"{layer}.{PAIRS[kind]}", f"{layer}.weight"
         if second_name not in adapter.tensors or target not in base:
             raise ValueError(f"{adapter.folder}: {name} has no {PAIRS[kind]} beside it or no {target} in the base")
-        second = adapter.tensors[second_name].float()
-        delta = second @ first.float()
-        if kind == "lora_embedding_A" or adapter.config.get("fan_in_fan_out"):  # (vocabulary, dim); Conv1D's (in, out)
-            delta = delta.T
-        if delta.shape != base[target].shape:
+        flip = layer in transposed
+        weight = base[target].float().T if flip else base[target].float()  # (out, in)
+        delta = adapter.tensors[second_name].float() @ first.float()
+        if delta.shape != weight.shape:
             raise ValueError(
                 f"{adapter.folder}: {layer}'s pair makes {list(delta.shape)}, the base's weight is "
-                f"{list(base[target].shape)}: not this base model's adapter"
+                f"{list(weight.shape)} as (out, in): not this base model's adapter"
             )
-        merged[target] = (base[target].float() + adapter.scale * delta).to(base[target].dtype)
-        adapter.merged.append(target)
+        new = weight + adapter.scale * delta
         used |= {name, second_name}
+        if adapter.config.get("use_dora"):
+            new = _dora(adapter, layer, new)
+            used.add(f"{layer}.{MAGNITUDE}")
+        merged[target] = (new.T if flip else new).to(base[target].dtype)
+        adapter.merged.append(target)
     for name, tensor in adapter.tensors.items():
         if name in used:
             continue
@@ -137,3 +177,12 @@ def merge(adapter: Adapter, base: dict[str, torch.Tensor]) -> dict[str, torch.Te
         merged[name] = tensor.to(base[name].dtype)
         adapter.replaced.append(name)
     return merged
+
+
+def _dora(adapter: Adapter, layer: str, combined: torch.Tensor) -> torch.Tensor:
+    """DoRA's merge of a layer whose weight plus its pair's product is `combined` (out, in): each output's row
+    scaled to the trained magnitude (an embedding's rows are its dimensions, as PEFT norms them)."""
+    magnitude = adapter.tensors.get(f"{layer}.{MAGNITUDE}")
+    if magnitude is None or magnitude.shape != combined.shape[:1]:
+        raise ValueError(f"{adapter.folder}: {layer}: DoRA without a {MAGNITUDE} of {combined.shape[0]} values")
+    return magnitude.float().view(-1, 1) / torch.linalg.norm(combined, dim=1, keepdim=True) * combined
