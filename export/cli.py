@@ -238,6 +238,13 @@ def get_args_parser() -> argparse.ArgumentParser:
         "the folder is still marked 'not checked' and the service will not serve it (default: exit 4)",
     )
     check.add_argument(
+        "--own-reference",
+        action="store_true",
+        help="where the checkpoint's own library is not installed (sentence-transformers for its folders), compare "
+        "the export with handoff's own model of it instead; the manifest says so (default: refuse, naming what to "
+        "install)",
+    )
+    check.add_argument(
         "--prompts",
         type=Path,
         default=None,

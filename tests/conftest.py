@@ -278,9 +278,9 @@ def segmentation_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -
 @pytest.fixture(scope="session")
 def embedding_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny BERT sentence encoder trained by Hugging Face's Trainer under torchrun (tests/fixtures/
-    hf_embedding_trainer.py): its checkpoint-20 and its sentence-transformers folder (st/), each exported with no
-    flags (checkpoint-20.export, st.export)."""
-    exports = [["{run}/checkpoint-20"], ["{run}/st"]]
+    hf_embedding_trainer.py): its checkpoint-20 and its sentence-transformers folders (st/ as 2.x-5.x write them,
+    st6/ as 6.x does), each exported with no flags (checkpoint-20.export, st.export, st6.export)."""
+    exports = [["{run}/checkpoint-20"], ["{run}/st"], ["{run}/st6"]]
     shared = run_wide_folder(tmp_path_factory, worker_id)
     return _trained_and_exported(shared, "embedding_run", "hf_embedding_trainer.py", exports)
 

@@ -1,12 +1,16 @@
 """Sentence embeddings end to end: a BERT encoder trained by Trainer under torchrun (2 gloo processes), its
-checkpoint-N and its sentence-transformers folder exported with no flags, served on /embed (as
-text-embeddings-inference answers), /v1/embeddings (as OpenAI's API answers) and the protocol, each vector equal to
-the eager encoder's pooled the same way, on texts the export never saw."""
+checkpoint-N and its sentence-transformers folders (2.x-5.x's layout, and 6.x's as the library saves it) exported
+with no flags, served on /embed (as text-embeddings-inference answers), /v1/embeddings (as OpenAI's API answers) and
+the protocol, each vector equal to the eager encoder's pooled the same way, and a folder's equal to what
+`SentenceTransformer(folder).encode` answers (its length limit, its prompts, the modules modules.json names), on
+texts the export never saw; what the export does not reproduce refused in one line."""
 
 from __future__ import annotations
 
 import base64
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import httpx
@@ -15,7 +19,8 @@ import pytest
 import torch
 import transformers
 import tritonclient.http as triton
-from conftest import Server
+from conftest import Server, run
+from sentence_transformers import SentenceTransformer
 
 from contract.manifest import read_manifest_unchecked
 
@@ -52,17 +57,44 @@ def server(embedding_run: Path, tmp_path_factory):
         yield srv
 
 
-def test_both_layouts_export_with_no_flags_and_their_pooling(embedding_run: Path):
+def library_vectors(folder: Path, texts: list[str], prompt_name: str | None = None) -> np.ndarray:
+    """What a user of a sentence-transformers folder gets: its own encode()."""
+    return SentenceTransformer(str(folder), device="cpu", local_files_only=True).encode(texts, prompt_name=prompt_name)
+
+
+def test_every_layout_exports_with_no_flags_and_its_pooling(embedding_run: Path):
     plain = read_manifest_unchecked(embedding_run / "checkpoint-20.export")
     folder = read_manifest_unchecked(embedding_run / "st.export")
-    for manifest in (plain, folder):
+    folder6 = read_manifest_unchecked(embedding_run / "st6.export")
+    for manifest in (plain, folder, folder6):
         assert manifest["task"] == "text-embedding" and manifest["status"] == "passed", manifest["parity"]["summary"]
         provenance = manifest["provenance"]
         assert provenance["pass"] and provenance["matched"] == provenance["model_tensors"] > 0, provenance
         assert all(check["pass"] for check in manifest["parity"]["text"])
         assert manifest["signature"]["outputs"][0]["name"] == "embeddings"
-    assert plain["embedding"] == {"pooling": "mean", "normalized": True, "dimensions": 32}
-    assert folder["embedding"] == {"pooling": "cls", "normalized": True, "dimensions": 32}
+    no_prompts = {"prompts": {}, "default_prompt_name": None}
+    assert plain["embedding"] == {"pooling": "mean", "normalized": True, "dimensions": 32} | no_prompts
+    assert folder["embedding"] == {"pooling": "cls", "normalized": True, "dimensions": 32} | no_prompts
+    prompts = {"query": "query: ", "passage": "passage: ", "document": ""}
+    assert folder6["embedding"] == {
+        "pooling": "mean",
+        "normalized": True,
+        "dimensions": 32,
+        "prompts": prompts,
+        "default_prompt_name": "query",
+    }
+    assert folder["tokenizer"]["max_length"] == folder6["tokenizer"]["max_length"] == 16  # not the tokenizer's 24
+    assert plain["reference"]["library"] == "handoff" and "no sentence-transformers folder" in str(plain["reference"])
+    for manifest in (folder, folder6):
+        assert manifest["reference"]["library"] == "sentence-transformers" and manifest["reference"]["version"]
+        assert [c["check"] for c in manifest["parity"]["text"]][-1] == "sentence-transformers encode"
+    assert folder6["read"] == [
+        "modules.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+        "2_Normalize/config.json",
+        "config_sentence_transformers.json",
+    ]
 
 
 def test_embed_answers_as_the_eager_encoder_on_new_texts(server, embedding_run: Path):
@@ -102,12 +134,85 @@ def test_the_protocol_takes_texts_and_gives_vectors(server, embedding_run: Path)
     assert [i["name"] for i in metadata["inputs"]] == ["text"]
 
 
-def test_a_sentence_transformers_folder_is_served_with_its_own_pooling(embedding_run: Path, tmp_path: Path):
-    expected = eager_vectors(embedding_run / "st", TEXTS[:2], "cls")
+def test_a_sentence_transformers_folder_is_served_as_its_encode_answers(embedding_run: Path, tmp_path: Path):
+    """2.x-5.x's folder: CLS pooling and texts cut at its max_seq_length (16), not the tokenizer's 24."""
+    expected = library_vectors(embedding_run / "st", TEXTS)
     with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(embedding_run / "st.export")) as srv:
         srv.wait_ready()
-        answer = httpx.post(f"{srv.url}/embed", json={"inputs": TEXTS[:2]}, timeout=30)
+        answer = httpx.post(f"{srv.url}/embed", json={"inputs": TEXTS, "truncate": True}, timeout=30)
     np.testing.assert_allclose(np.array(answer.json()), expected, atol=ATOL)
+
+
+def test_a_sentence_transformers_6_folder_is_served_with_its_prompts(embedding_run: Path, tmp_path: Path):
+    folder = embedding_run / "st6"
+    default, passage = library_vectors(folder, TEXTS), library_vectors(folder, TEXTS, "passage")
+    assert np.abs(default - passage).max() > 100 * ATOL  # the prompt changes the vectors
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(embedding_run / "st6.export")) as srv:
+        srv.wait_ready()
+        embed = httpx.post(f"{srv.url}/embed", json={"inputs": TEXTS, "truncate": True}, timeout=30)
+        np.testing.assert_allclose(np.array(embed.json()), default, atol=ATOL)
+        named = {"inputs": TEXTS, "truncate": True, "prompt_name": "passage"}
+        np.testing.assert_allclose(np.array(httpx.post(f"{srv.url}/embed", json=named).json()), passage, atol=ATOL)
+        openai = httpx.post(f"{srv.url}/v1/embeddings", json={"input": TEXTS, "prompt_name": "passage"}).json()
+        np.testing.assert_allclose(np.array([d["embedding"] for d in openai["data"]]), passage, atol=ATOL)
+        client = triton.InferenceServerClient(srv.url.removeprefix("http://"))
+        texts = triton.InferInput("text", [len(TEXTS)], "BYTES")
+        texts.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))
+        np.testing.assert_allclose(client.infer("handoff", [texts]).as_numpy("embeddings"), default, atol=ATOL)
+        too_long = httpx.post(f"{srv.url}/embed", json={"inputs": [TEXTS[2]]})  # 16 tokens with its prompt
+        assert too_long.status_code == 413 and "16" in too_long.json()["error"], too_long.text
+        unknown = httpx.post(f"{srv.url}/embed", json={"inputs": ["hi"], "prompt_name": "classify"})
+        assert unknown.status_code == 400 and "query" in unknown.json()["error"], unknown.text
+        assert httpx.get(f"{srv.url}/info").json()["model"]["embedding"]["default_prompt_name"] == "query"
+
+
+def _st6_copy(embedding_run: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "st6"
+    shutil.copytree(embedding_run / "st6", folder)
+    return folder
+
+
+def _export(folder: Path, tmp_path: Path):
+    out = tmp_path / "out.export"
+    done = run([sys.executable, "-m", "export", str(folder), "--out", str(out), "--no-bento", "--formats", "onnx"])
+    return done, out
+
+
+def test_each_module_is_read_from_the_path_modules_json_gives(embedding_run: Path, tmp_path: Path):
+    folder = _st6_copy(embedding_run, tmp_path)
+    shutil.move(folder / "1_Pooling", folder / "mean_pooling")  # what modules.json will name
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"embedding_dimension": 32, "pooling_mode": "cls"}))
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[1]["path"] = "mean_pooling"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    done, out = _export(folder, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = read_manifest_unchecked(out)
+    assert manifest["embedding"]["pooling"] == "mean" and manifest["status"] == "passed"
+    assert "mean_pooling/config.json" in manifest["read"] and "1_Pooling/config.json" not in manifest["read"]
+
+
+@pytest.mark.parametrize(
+    ("path", "change", "words"),
+    [
+        ("1_Pooling/config.json", {"pooling_mode": "max"}, "pooling ['max']"),
+        ("1_Pooling/config.json", {"include_prompt": False}, "include_prompt"),
+        ("sentence_bert_config.json", {"do_lower_case": True}, "do_lower_case"),
+        ("config_sentence_transformers.json", {"model_type": "SparseEncoder"}, "SparseEncoder"),
+        ("modules.json", [{"type": "sentence_transformers.models.Dense", "path": "2_Dense"}], "Dense"),
+    ],
+)
+def test_what_sentence_transformers_would_do_and_handoff_does_not_is_refused(
+    embedding_run: Path, tmp_path: Path, path: str, change, words: str
+):
+    folder = _st6_copy(embedding_run, tmp_path)
+    found = json.loads((folder / path).read_text())
+    (folder / path).write_text(json.dumps(found + change if isinstance(change, list) else found | change))
+    done, out = _export(folder, tmp_path)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and words in last, done.stderr[-1500:]
+    assert not out.exists()
 
 
 def test_wrong_embedding_requests_get_a_4xx_naming_the_problem(server):

@@ -2,34 +2,40 @@
 save_pretrained folder, or with --hf-config any other layout) or a sentence-transformers folder, exported with its
 pooling and normalisation inside the graph: token ids in, one vector per text out (`embeddings`).
 
-Pooling is what the sentence-transformers folder says (`1_Pooling/config.json`: the mean over the text's tokens,
-or its first token's, CLS), and the vectors are normalised to unit length where its `modules.json` lists a
-Normalize module. A plain encoder is pooled as sentence-transformers pools by default, the mean over the attention
-mask, and normalised, as text-embeddings-inference and OpenAI answer by default. The manifest's `embedding` says
-which (`pooling`, `normalized`, `dimensions`). Parity and the tokenizer's checks are every text model's
-(export/hf_text.py): the padded batch's vectors equal each text's alone, so texts of any length share a call.
+A sentence-transformers folder (2.x to 6.x) is read as `SentenceTransformer(folder)` reads it
+(export/readers/sentence_transformers.py): its pooling, its Normalize module, its `max_seq_length` and its prompts,
+everything else that would change a vector refused. Its reference is the library's own call: the export, run as the
+service runs it (the default prompt and each named one put before the texts, the served tokenizer, the ONNX model),
+equals `SentenceTransformer(folder).encode(texts, prompt_name=...)` on the parity texts, past the length limit too.
+A plain encoder is pooled as sentence-transformers pools by default, the mean over the attention mask, and
+normalised, as text-embeddings-inference and OpenAI answer by default; no library call pools it, so its reference
+is handoff's model, and the manifest's `reference` says so. The manifest's `embedding` says what is served
+(`pooling`, `normalized`, `dimensions`, `prompts`, `default_prompt_name`). Parity and the tokenizer's checks are every
+text model's (export/hf_text.py): the padded batch's vectors equal each text's alone, so texts of any length share a
+call.
 """
 
 from __future__ import annotations
 
-import json
+import importlib.util
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from contract.prompts import Prompts
 from contract.signature import TASK_TEXT_EMBEDDING
-from export.hf_text import load_hf_text, tokenized_job, training_tokenizer
+from contract.tokenizer_spec import TextTokenizer
+from export.hf_text import SENTENCES, SHORTEST, load_hf_text, tokenized_job, training_tokenizer
 from export.job import Job
-from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags
-from export.readers.hf_checkpoint import HfCheckpoint, check_own_files
-
-MODULES = "modules.json"  # a sentence-transformers folder's modules, in order
-POOLING = "1_Pooling/config.json"
-POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
-NORMALIZE = "sentence_transformers.models.Normalize"
+from export.parity import Tolerance, onnx_sessions
+from export.pipeline import Check, ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
+from export.readers.hf_checkpoint import HfCheckpoint
+from export.readers.sentence_transformers import MODULES, SentenceTransformersFolder, read_sentence_transformers
+from export.reference import Reference
 
 
 class Pooled(nn.Module):
@@ -50,36 +56,6 @@ class Pooled(nn.Module):
         return {"embeddings": F.normalize(pooled, p=2.0, dim=-1) if self.normalize else pooled}
 
 
-def sentence_transformers_modules(folder: Path) -> tuple[str, bool] | None:
-    """A sentence-transformers folder's (pooling, normalize), or None for a folder without modules.json; ValueError
-    for modules or a pooling this export does not reproduce."""
-    if not (folder / MODULES).is_file():
-        return None
-    check_own_files(folder, (MODULES, POOLING))
-    try:
-        modules = json.loads((folder / MODULES).read_text())
-        pooling = json.loads((folder / POOLING).read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(
-            f"{folder}: a sentence-transformers folder whose {MODULES} or {POOLING} cannot be read ({err})"
-        ) from None
-    if not isinstance(modules, list) or not isinstance(pooling, dict):
-        raise ValueError(f"{folder}: {MODULES} must list the modules and {POOLING} hold the pooling's settings")
-    kinds = [str(m.get("type", "")) for m in modules if isinstance(m, dict)]
-    known = {"sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling", NORMALIZE}
-    if set(kinds) - known:
-        other = ", ".join(sorted(set(kinds) - known))
-        raise ValueError(f"{folder / MODULES}: {other}: handoff reproduces Transformer, Pooling and Normalize only")
-    modes = [mode for key, mode in POOLING_MODES.items() if pooling.get(key)]
-    others = [key for key, value in pooling.items() if key.startswith("pooling_mode_") and value]
-    if len(modes) != 1 or len(others) != 1:
-        raise ValueError(
-            f"{folder / POOLING}: pooling {', '.join(others) or '(none)'}; handoff reproduces one of "
-            f"{', '.join(POOLING_MODES)}"
-        )
-    return modes[0], NORMALIZE in kinds
-
-
 def without_unused_pooler(model: nn.Module, keys: set[str]) -> None:
     """BERT-style encoders build a pooler (a dense layer on the first token) that embeddings never use; an encoder
     trained without one (`add_pooling_layer=False`) has no weights for it, so it is left out rather than refused."""
@@ -91,16 +67,68 @@ def embedding_job(request: ExportRequest) -> Job:
     args, hf = request.args, request.hf
     assert hf is not None  # TASK recognized it
     refuse_classifier_flags(args, "a Hugging Face sentence encoder")
-    found = sentence_transformers_modules(hf.config_dir)
-    pooling, normalize = found if found is not None else ("mean", True)
     loaded = load_hf_text(request, hf, "AutoModel", without_unused_pooler)
-    tokenizer = training_tokenizer(request, hf, loaded, "sentence encoder")
     dimensions = int(loaded.model.config.hidden_size)
+    found = read_sentence_transformers(hf.config_dir, dimensions)
+    reference = library_reference(request, hf, found)
+    tokenizer = training_tokenizer(request, hf, loaded, "sentence encoder")
+    if found is not None and found.max_seq_length is not None:
+        tokenizer.model_max_length = found.max_seq_length  # as sentence-transformers sets it on loading
+    pooling, normalize = (found.pooling, found.normalize) if found is not None else ("mean", True)
+    prompts = found.prompts if found is not None else Prompts()
     embedding: dict[str, Any] = {"pooling": pooling, "normalized": normalize, "dimensions": dimensions}
-    fields = {"task": TASK_TEXT_EMBEDDING, "embedding": embedding}
+    embedding |= prompts.to_manifest()
+    fields = {"task": TASK_TEXT_EMBEDDING, "embedding": embedding, "reference": reference.to_manifest()}
+    if found is not None:
+        fields["read"] = found.read
     layout = "a sentence-transformers folder" if found is not None else "an encoder"
     described = f"{hf.architecture} ({layout}: {dimensions} dimensions, {pooling} pooling) with its tokenizer"
-    return tokenized_job(request, hf, loaded, tokenizer, Pooled(loaded.model, pooling, normalize), fields, described)
+    wrapper = Pooled(loaded.model, pooling, normalize)
+    return tokenized_job(request, hf, loaded, tokenizer, wrapper, fields, described, reference=reference.checks)
+
+
+def library_reference(request: ExportRequest, hf: HfCheckpoint, found: SentenceTransformersFolder | None) -> Reference:
+    """sentence-transformers' `encode` on the folder for a sentence-transformers folder whose weights are its own;
+    handoff's pooling otherwise (a plain encoder has no library call that pools it), said so in the manifest.
+    ValueError where sentence-transformers is not installed, unless --own-reference accepts handoff's."""
+    own = "transformers' AutoModel, pooled and normalised by handoff"
+    if found is None:
+        return Reference("handoff", own, why_not="no sentence-transformers folder: the pooling is handoff's default")
+    if hf.weights != hf.config_dir or hf.adapter is not None:
+        why = "the weights are not the sentence-transformers folder's own (read from elsewhere, or an adapter merged)"
+        return Reference("handoff", own, why_not=why)
+    if importlib.util.find_spec("sentence_transformers") is None:
+        if not request.args.own_reference:
+            raise ValueError(
+                f"{hf.config_dir}: a sentence-transformers folder, whose answers are sentence-transformers' "
+                "encode(): pip install sentence-transformers, or --own-reference to compare with handoff's own model"
+            )
+        return Reference("handoff", own, why_not="sentence-transformers is not installed (--own-reference)")
+    tol = tolerance_of(request.args)
+    call = "SentenceTransformer(folder, device='cpu').encode(texts, prompt_name=...)"
+    return Reference("sentence-transformers", call, lambda served, out: encode_matches(found, served, out, tol))
+
+
+def encode_matches(found: SentenceTransformersFolder, served: TextTokenizer, out: Path, tol: Tolerance) -> list[Check]:
+    """The export as the service runs it (each prompt put before the texts, the served tokenizer, the ONNX model)
+    against `SentenceTransformer(folder).encode` on the parity texts, with every prompt the folder names and none."""
+    from sentence_transformers import SentenceTransformer
+
+    library = SentenceTransformer(str(found.folder), device="cpu", local_files_only=True, trust_remote_code=False)
+    texts = [SHORTEST, *SENTENCES, " ".join(SENTENCES * (served.settings.max_length // 8 + 1))]
+    session = onnx_sessions(out / "model.onnx", torch.device("cpu"))[0][2]
+    names = [i.name for i in session.get_inputs()]
+    worst, where = 0.0, ""
+    for name in [None, *found.prompts.named]:
+        rows = served.encode([found.prompts.prefix(name) + text for text in texts]).rows
+        ours = session.run(None, {n: rows[n] for n in names})[0]
+        theirs = library.encode(texts, prompt_name=name, convert_to_numpy=True, batch_size=len(texts))
+        gap = float(np.abs(ours - theirs).max()) if ours.shape == theirs.shape else float("inf")
+        if gap > worst:
+            worst, where = gap, f"prompt {name!r}" if name is not None else f"prompt {found.prompts.default!r}"
+    failed = worst > tol.atol + tol.rtol * 1.0
+    reason = f"the served vectors differ from encode()'s by {worst:.2e} ({where})" if failed else None
+    return [("sentence-transformers encode", reason)]
 
 
 def is_encoder(request: ExportRequest) -> bool:

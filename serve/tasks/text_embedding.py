@@ -2,14 +2,18 @@
 (export/tasks/text_embedding.py).
 
 - POST /embed, as text-embeddings-inference answers it: `{"inputs": "text" | ["text", ...], "normalize": true,
-  "truncate": false}` -> `[[...], ...]`, one vector per text. A text longer than the model's maximum is refused
-  (413) unless `truncate` is true, as there; `normalize` (true by default) scales each vector to unit length
-  where the model does not already;
+  "truncate": false, "prompt_name": null}` -> `[[...], ...]`, one vector per text. A text longer than the model's
+  maximum (its prompt included) is refused (413) unless `truncate` is true, as there; `normalize` (true by default)
+  scales each vector to unit length where the model does not already;
 - POST /v1/embeddings, as OpenAI's embeddings API answers it: `{"input": "text" | ["text", ...], "model": ...,
-  "encoding_format": "float" | "base64"}` -> `{"object": "list", "data": [{"object": "embedding", "index",
-  "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}`, unit vectors, texts truncated;
+  "encoding_format": "float" | "base64", "prompt_name": null}` -> `{"object": "list", "data": [{"object":
+  "embedding", "index", "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}`, unit vectors, texts
+  truncated;
 - POST /predict: token ids by name, as any model's inputs;
 - the protocol: `text` (BYTES [N]: UTF-8 texts) in, `embeddings` (FP32 [N, D]) out.
+
+A sentence-transformers folder's prompts (contract/prompts.py) are applied as its `encode` applies them: the default
+prompt before every text unless `prompt_name` names another (TEI's field; "" where the folder has a prompt of no text).
 
 A request's texts are tokenized together (in a decoding thread unless short: TextTask.tokenized) and share the
 model's call with other requests' (`PaddedSequences`: any lengths, padded; the export proved padding changes no vector).
@@ -25,6 +29,7 @@ import numpy as np
 import orjson
 
 from contract.errors import ClientError
+from contract.prompts import Prompts
 from contract.signature import TASK_TEXT_EMBEDDING
 from contract.tokenizer_spec import MASK, Encoded
 from serve.endpoint import Answer, Incoming, RouteSchema
@@ -37,6 +42,7 @@ from serve.tensor_inputs import check_rows
 
 ENCODINGS = ("float", "base64")
 VECTORS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
+PROMPT_NAME = {"type": ["string", "null"], "description": "one of the model's prompts (/info); none: its default"}
 TEXTS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
 
 
@@ -47,6 +53,7 @@ class TextEmbedding(TextTask):
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
         self.embedding: dict[str, Any] = self.manifest["embedding"]
+        self.prompts = Prompts.read(self.embedding, "the manifest's embedding")
 
     async def answer(self, route: str, request: Incoming) -> Answer:
         if route == "/predict":
@@ -75,7 +82,12 @@ class TextEmbedding(TextTask):
     ) -> tuple[dict[str, Any], Encoded]:
         """The body's options and its texts' tokens (TextTask.tokenized says where)."""
         texts, options = parse(body)
-        return options, self.tokenizer.encode(texts)
+        prefix = self.prompts.prefix(options["prompt_name"])
+        return options, self.tokenizer.encode([prefix + text for text in texts])
+
+    def prepared(self, texts: list[str]) -> list[str]:
+        prefix = self.prompts.prefix(None)
+        return [prefix + text for text in texts]
 
     def _texts(self, value: Any, field: str) -> list[str]:
         """A text or a list of texts (1 to HANDOFF_MAX_BATCH_SIZE), each checked as /classify checks one."""
@@ -89,19 +101,21 @@ class TextEmbedding(TextTask):
         document = parse_json(body)
         if not isinstance(document, dict) or "inputs" not in document:
             raise ClientError('expected a JSON object {"inputs": "text" or ["text", ...]}')
-        unknown = sorted(set(document) - {"inputs", "normalize", "truncate"})
+        unknown = sorted(set(document) - {"inputs", "normalize", "truncate", "prompt_name"})
         if unknown:
-            raise ClientError(f"unknown field(s) {', '.join(unknown)}; /embed takes inputs, normalize, truncate")
+            raise ClientError(
+                f"unknown field(s) {', '.join(unknown)}; /embed takes inputs, normalize, truncate, prompt_name"
+            )
         options = {"normalize": document.get("normalize", True), "truncate": document.get("truncate", False)}
         if not all(isinstance(value, bool) for value in options.values()):
             raise ClientError('"normalize" and "truncate" must be true or false')
-        return self._texts(document["inputs"], "inputs"), options
+        return self._texts(document["inputs"], "inputs"), options | {"prompt_name": _prompt_name(document)}
 
     def _openai_request(self, body: bytes) -> tuple[list[str], dict[str, Any]]:
         document = parse_json(body)
         if not isinstance(document, dict) or "input" not in document:
             raise ClientError('expected a JSON object {"input": "text" or ["text", ...], "model": "..."}')
-        unknown = sorted(set(document) - {"input", "model", "encoding_format", "dimensions", "user"})
+        unknown = sorted(set(document) - {"input", "model", "encoding_format", "dimensions", "user", "prompt_name"})
         if unknown:
             raise ClientError(f"unknown field(s) {', '.join(unknown)}; /v1/embeddings takes input, model, ...")
         encoding = document.get("encoding_format", "float")
@@ -114,7 +128,7 @@ class TextEmbedding(TextTask):
         if not isinstance(model, str):
             raise ClientError('"model" must be a string')
         options = {"normalize": True, "truncate": True, "encoding_format": encoding, "model": model[:200]}
-        return self._texts(document["input"], "input"), options
+        return self._texts(document["input"], "input"), options | {"prompt_name": _prompt_name(document)}
 
     @staticmethod
     def _openai_answer(vectors: np.ndarray, encoded: Encoded, encoding: str, model: str) -> dict[str, Any]:
@@ -145,7 +159,12 @@ class TextEmbedding(TextTask):
     def schemas(self) -> dict[str, RouteSchema]:
         embed = {
             "type": "object",
-            "properties": {"inputs": TEXTS, "normalize": {"type": "boolean"}, "truncate": {"type": "boolean"}},
+            "properties": {
+                "inputs": TEXTS,
+                "normalize": {"type": "boolean"},
+                "truncate": {"type": "boolean"},
+                "prompt_name": PROMPT_NAME,
+            },
             "required": ["inputs"],
             "additionalProperties": False,
         }
@@ -157,6 +176,7 @@ class TextEmbedding(TextTask):
                 "encoding_format": {"enum": list(ENCODINGS)},
                 "dimensions": {"type": "integer"},
                 "user": {"type": "string"},
+                "prompt_name": PROMPT_NAME,
             },
             "required": ["input"],
             "additionalProperties": False,
@@ -174,3 +194,10 @@ class TextEmbedding(TextTask):
             "/v1/embeddings": RouteSchema({"application/json": {"schema": openai}}, ("application/json", listed)),
             "/predict": self.named_schemas(),
         }
+
+
+def _prompt_name(document: dict[str, Any]) -> str | None:
+    name = document.get("prompt_name")
+    if name is not None and not isinstance(name, str):
+        raise ClientError('"prompt_name" must be the name of one of the model\'s prompts, or null')
+    return name

@@ -165,4 +165,9 @@ class TextTask(ServedTask):
         decoded = [texts_of_elements(c, self.max_chars, name) for c, name in zip(columns, self.text_inputs)]
         if len(decoded) == 2:
             return decoded[0], self.tokenizer.encode_pairs(list(zip(*decoded, strict=True)))
-        return decoded[0], self.tokenizer.encode(decoded[0])
+        return decoded[0], self.tokenizer.encode(self.prepared(decoded[0]))
+
+    def prepared(self, texts: list[str]) -> list[str]:
+        """The texts as the model's library makes them before tokenizing (a sentence encoder's default prompt put
+        before each); as given by default."""
+        return texts
