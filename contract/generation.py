@@ -47,6 +47,10 @@ class GenerationSettings:
     """the special tokens a template may name (bos_token, eos_token, ...), as transformers passes them"""
     turn_end_token_id: int | None = None
     """the token that ends an assistant's turn in the template (one of the eos ids: the export checks it)"""
+    repetition_penalty: float = 1.0
+    """generation_config.json's, applied to every generation unless a request gives its own (vLLM's field)"""
+    request_defaults: dict[str, float] = field(default_factory=dict)
+    """generation_config.json's temperature, top_p, top_k, max_new_tokens: what a request that leaves them out gets"""
 
     def to_manifest(self) -> dict[str, Any]:
         return {
@@ -58,6 +62,8 @@ class GenerationSettings:
             "chat_template_sha256": template_sha256(self.chat_template),
             "template_tokens": self.template_tokens,
             "turn_end_token_id": self.turn_end_token_id,
+            "repetition_penalty": self.repetition_penalty,
+            "request_defaults": self.request_defaults,
         }
 
     @classmethod
@@ -73,6 +79,8 @@ class GenerationSettings:
             template,
             {str(k): str(v) for k, v in (entry.get("template_tokens") or {}).items()},
             None if entry.get("turn_end_token_id") is None else int(entry["turn_end_token_id"]),
+            float(entry.get("repetition_penalty", 1.0)),
+            {str(k): float(v) for k, v in (entry.get("request_defaults") or {}).items()},
         )
 
 

@@ -7,12 +7,17 @@ For each prompt:
   a near-tie (each side's token in the other's top 5, vLLM's rule for comparing two implementations) and the rest of
   that sequence is not compared (it continues from different tokens); the report counts such steps;
 - the logits at every generated step (teacher-forced on eager's tokens) within the tolerance;
+- each token the GenAI model chose is the best of its own logits as the folder's generation config scores them
+  (`generate` with `generation_config.json`: its repetition penalty), so a decoder that drops what the folder asks
+  for is caught even where the two implementations' choices differ only at a near-tie;
 and on every prompt, the served tokenizer and chat-template renderer (contract/generation.py) give transformers'
 ids exactly, bos included, and decode its generated ids to transformers' text.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,13 +101,13 @@ def parity_prompts(tokenizer: Any, served: PromptTokenizer, own: list[Any]) -> t
 
 
 def _eager(
-    model: Any, ids: list[int], new_tokens: int, forced: bool, eos: list[int], pad: int
+    model: Any, config: Any, ids: list[int], new_tokens: int, forced: bool, eos: list[int], pad: int
 ) -> tuple[list[int], np.ndarray]:
-    """transformers' greedy ids after `ids`, and the raw logits of each step."""
+    """transformers' greedy ids after `ids` with the folder's generation config (its repetition penalty), and the
+    raw logits of each step."""
     with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        greedy = copy.deepcopy(config)  # the folder's settings, with this comparison's own on top
+        greedy.update(
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens if forced else 0,
             do_sample=False,
@@ -111,17 +116,26 @@ def _eager(
             output_logits=True,
             return_dict_in_generate=True,
         )
+        out = model.generate(
+            torch.tensor([ids]), generation_config=greedy, attention_mask=torch.ones(1, len(ids), dtype=torch.long)
+        )
     tokens = out.sequences[0, len(ids) :].tolist()
     return tokens, torch.stack([step[0] for step in out.logits]).float().numpy()
 
 
-def _genai(model: Any, ids: list[int], new_tokens: int, forced: bool) -> tuple[list[int], list[np.ndarray]]:
-    """The GenAI model's greedy ids after `ids`, and the logits it chose each from."""
+def _genai(
+    model: Any, ids: list[int], new_tokens: int, forced: bool, penalty: float
+) -> tuple[list[int], list[np.ndarray]]:
+    """The GenAI model's greedy ids after `ids` with the service's repetition penalty, and the logits it chose each
+    from (before the penalty, as transformers' `output_logits` gives them)."""
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(model)
     params.set_search_options(
-        max_length=len(ids) + new_tokens, min_length=len(ids) + (new_tokens if forced else 0), do_sample=False
+        max_length=len(ids) + new_tokens,
+        min_length=len(ids) + (new_tokens if forced else 0),
+        do_sample=False,
+        repetition_penalty=penalty,
     )
     generator = og.Generator(model, params)
     generator.append_tokens(ids)
@@ -134,22 +148,67 @@ def _genai(model: Any, ids: list[int], new_tokens: int, forced: bool) -> tuple[l
 
 
 def compare_generation(
-    eager: Any, genai_folder: Path, prompts: list[Prompt], eos: list[int], pad: int, new_tokens: int, tol: Tolerance
+    eager: Any,
+    config: Any,
+    genai_folder: Path,
+    prompts: list[Prompt],
+    eos: list[int],
+    pad: int,
+    new_tokens: int,
+    tol: Tolerance,
 ) -> tuple[GenerationReport, list[Check]]:
-    """Greedy ids and teacher-forced logits of the GenAI model against eager's, prompt by prompt, stopping at eos
-    and forced past it."""
+    """Greedy ids and teacher-forced logits of the GenAI model against eager's `generate` with the folder's
+    generation `config`, prompt by prompt, stopping at eos and forced past it."""
     import onnxruntime_genai as og
 
     model = og.Model(str(genai_folder))
+    pick = greedy_scores(config)
     report, checks = GenerationReport(), []
     for prompt in prompts:
         for forced in (False, True):
             name = f"greedy: {prompt.name}{', past eos' if forced else ''}"
-            want, want_logits = _eager(eager, prompt.ids, new_tokens, forced, eos, pad)
-            got, got_logits = _genai(model, prompt.ids, new_tokens, forced)
+            want, want_logits = _eager(eager, config, prompt.ids, new_tokens, forced, eos, pad)
+            got, got_logits = _genai(model, prompt.ids, new_tokens, forced, float(config.repetition_penalty or 1.0))
             report.prompts += 1
-            checks.append((name, _same_tokens(want, got, want_logits, got_logits, report, tol)))
+            reason = _own_choices(prompt.ids, got, got_logits, pick, eos if forced else [], tol)
+            checks.append((name, reason or _same_tokens(want, got, want_logits, got_logits, report, tol)))
     return report, checks
+
+
+def greedy_scores(config: Any) -> Callable[[list[int], np.ndarray], np.ndarray]:
+    """What greedy search picks from after `ids`, as transformers makes it from a step's raw logits: the folder's
+    logits processors (its repetition penalty, transformers' own processor) applied."""
+    import transformers
+
+    penalty = float(config.repetition_penalty or 1.0)
+    if penalty == 1.0:
+        return lambda ids, logits: logits
+    processor = transformers.RepetitionPenaltyLogitsProcessor(penalty)
+    return lambda ids, logits: processor(torch.tensor([ids]), torch.from_numpy(logits[None].copy()))[0].numpy()
+
+
+def _own_choices(
+    prompt: list[int],
+    got: list[int],
+    logits: list[np.ndarray],
+    pick: Callable[[list[int], np.ndarray], np.ndarray],
+    masked: list[int],
+    tol: Tolerance,
+) -> str | None:
+    """None where each token the GenAI model chose is the best of its own logits as the folder's generation config
+    scores them, `masked` ids left out (eos, where generation is forced past it), up to a tie within `tol`: a served
+    decoder that drops a processor (the repetition penalty) is caught here, where the near-tie rule between the two
+    implementations would let it pass."""
+    for step, token in enumerate(got):
+        scores = pick(prompt + got[:step], logits[step]).copy()
+        scores[masked] = -np.inf
+        best = int(np.argmax(scores))
+        if token != best and scores[best] - scores[token] > tol.atol + tol.rtol * float(np.abs(scores).max()):
+            return (
+                f"step {step}: token {token} where the folder's generation config picks {best} from the same logits "
+                f"(scores {scores[token]:.3f} and {scores[best]:.3f})"
+            )
+    return None
 
 
 def _same_tokens(

@@ -28,6 +28,14 @@ def load_images(files: list[Path]) -> list[Image.Image]:
     return [Image.open(p).convert("RGB") for p in files]
 
 
+def sample_images(samples: Path, limit: int) -> list[Image.Image]:
+    """--samples: the first `limit` images of the folder, in name order; ValueError where it holds none."""
+    files = image_files(samples)[:limit]
+    if not files:
+        raise ValueError(f"--samples={samples}: no images found (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
+    return load_images(files)
+
+
 def eval_transform_of(preprocess: dict[str, Any]) -> Any:
     """The torchvision evaluation transform a manifest's `preprocess` block describes."""
     return eval_transform(Preprocessing.from_manifest(preprocess))
@@ -40,10 +48,7 @@ def real_images(
     (handoff's digits; torchvision references' data_path/val; timm's data_dir/<val_split>), else scikit-learn's
     two sample photos."""
     if samples is not None:
-        files = image_files(samples)[:limit]
-        if not files:
-            raise ValueError(f"--samples={samples}: no images found (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
-        return load_images(files), str(samples)
+        return sample_images(samples, limit), str(samples)
     if data == EMBEDDED_DIGITS:
         from train.data import digits_split
 

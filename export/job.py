@@ -37,6 +37,7 @@ def origin_fields(checkpoint: Path, src: Source, unwrapped: Unwrapped, provenanc
         "removed_prefixes": unwrapped.removed,
         "ignored_keys": unwrapped.ignored[:20],
         "device_tags": [t for t in src.device_tags if t != "cpu"],
+        "set_aside": src.set_aside,
     }
     return {"source": source, "provenance": provenance.to_manifest()}
 

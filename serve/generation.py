@@ -88,6 +88,9 @@ class Sampling:
     stop: tuple[str, ...] = ()
     min_tokens: int = 0
     """no eos before this many tokens (vLLM's `min_tokens`)"""
+    repetition_penalty: float = 1.0
+    """transformers' (and vLLM's): a token already in the prompt or the text has its logit divided by it (times it
+    where negative)"""
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ def generate(
     search: dict[str, Any] = {
         "max_length": len(prompt) + sampling.max_tokens,
         "min_length": len(prompt) + min(sampling.min_tokens, sampling.max_tokens),
+        "repetition_penalty": sampling.repetition_penalty,
     }
     if sampling.temperature == 0:
         search["do_sample"] = False

@@ -181,8 +181,10 @@ class Generations:
                 f"This model's maximum context length is {context} tokens. However, your prompt is {prompt_tokens} "
                 "tokens: shorten it"
             )
-        if max_tokens is None:
-            max_tokens = context - prompt_tokens
+        if max_tokens is None:  # generation_config.json's max_new_tokens, else the rest of the context (vLLM's)
+            max_tokens = min(
+                int(self.settings.request_defaults.get("max_new_tokens", context)), context - prompt_tokens
+            )
         elif prompt_tokens + max_tokens > context:
             raise ClientError(
                 f"This model's maximum context length is {context} tokens. However, you requested "

@@ -4,7 +4,9 @@ built (`Reply`), and the error body (`{"error": {"message", "type", "param", "co
 
 Taken: `model` (this model's name, or left out), `max_tokens` (`max_completion_tokens` too), vLLM's `min_tokens`,
 `temperature`, `top_p`, `top_k`, `seed`, `stop` (a string or up to 4, each at most 200 characters), `stream`,
-`stream_options.include_usage`, `n` = 1. A parameter that would change the answer and is not implemented
+`stream_options.include_usage`, `n` = 1, vLLM's `repetition_penalty`. Where a request leaves `temperature`, `top_p`,
+`top_k` or `repetition_penalty` out, the model's generation_config.json gives them, as vLLM takes them from it. A
+parameter that would change the answer and is not implemented
 (`logprobs`, `n` > 1, tools, `response_format`, ...) is a 400 that names it, never ignored.
 """
 
@@ -28,12 +30,13 @@ IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "model
 NEUTRAL = {
     "frequency_penalty": 0,
     "presence_penalty": 0,
-    "repetition_penalty": 1,
     "n": 1,
     "logprobs": False,
     "echo": False,
 }
 SAMPLING = {"max_tokens", "max_completion_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+SAMPLING |= {"repetition_penalty"}
+MAX_REPETITION_PENALTY = 2.0
 SAMPLING |= {"stream"}
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
 
@@ -91,7 +94,10 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None
     return value
 
 
-def parse_common(body: Any, model_name: str, prompt_field: str) -> Common:
+def parse_common(body: Any, model_name: str, prompt_field: str, defaults: dict[str, float] | None = None) -> Common:
+    """The fields both endpoints take; `defaults`: the model's own for those a request leaves out (temperature,
+    top_p, top_k, repetition_penalty)."""
+    defaults = defaults or {}
     if not isinstance(body, dict):
         raise ClientError("the body must be a JSON object")
     allowed = {prompt_field, *SAMPLING, *IGNORED, *NEUTRAL}
@@ -119,10 +125,14 @@ def parse_common(body: Any, model_name: str, prompt_field: str) -> Common:
         raise ClientError("stream_options: an object")
     max_tokens = _integer(body, "max_tokens", 1, 1 << 20)
     max_completion = _integer(body, "max_completion_tokens", 1, 1 << 20)
+    top_k = _integer(body, "top_k", -1, 1 << 20)
     options = {
-        "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
-        "top_p": _number(body, "top_p", 1.0, 1e-6, 1.0),
-        "top_k": max(0, _integer(body, "top_k", -1, 1 << 20) or 0),  # -1 and 0: every token (vLLM's -1)
+        "temperature": _number(body, "temperature", defaults.get("temperature", 1.0), 0.0, 2.0),
+        "top_p": _number(body, "top_p", defaults.get("top_p", 1.0), 1e-6, 1.0),
+        "top_k": int(defaults.get("top_k", 0)) if top_k is None else max(0, top_k),  # -1 and 0: every token (vLLM's -1)
+        "repetition_penalty": _number(
+            body, "repetition_penalty", defaults.get("repetition_penalty", 1.0), 1e-6, MAX_REPETITION_PENALTY
+        ),
         "seed": _integer(body, "seed", -(1 << 63), (1 << 63) - 1),
         "min_tokens": _integer(body, "min_tokens", 0, 1 << 20) or 0,  # vLLM's: eos is not chosen before
         "stop": tuple(stops),

@@ -207,7 +207,7 @@ def test_the_graph_computes_what_eager_does_where_torchvisions_traced_code_does_
     model.load_state_dict(torch.load(trained / "checkpoint.pth", map_location="cpu", weights_only=False)["model"])
     plain = tmp_path / "plain.onnx"
     export_detection_onnx(DetectionGraph(model.eval()), plain, {})
-    empty_scene = parity_images()[-1]
+    empty_scene = parity_images()[0][-1]
     assert "resizes 200 x 200 to 319 x 319" in (resize_mismatch(plain, 320, 640) or "")
     assert "onnxruntime raised" in (no_proposal_failure(plain, empty_scene) or "")
     ours = trained / "checkpoint.export" / "model.onnx"
@@ -228,14 +228,20 @@ def test_a_detector_whose_training_diverged_is_refused(trained: Path, tmp_path: 
     assert "Traceback" not in done.stderr and not out.exists()
 
 
+def _blind(trained: Path, tmp_path: Path) -> Path:
+    """The trained detector's checkpoint with a region proposal network that keeps no proposal anywhere."""
+    references = torch.load(trained / "checkpoint.pth", map_location="cpu", weights_only=False)
+    bias = references["model"]["rpn.head.cls_logits.bias"]
+    references["model"]["rpn.head.cls_logits.bias"] = torch.full_like(bias, -10.0)
+    blind = tmp_path / "blind.pth"
+    torch.save(references, blind)
+    return blind
+
+
 def test_a_detector_that_finds_nothing_anywhere_is_not_checked(trained: Path, tmp_path: Path):
     """No detection on either side matches trivially: 'not checked', exit 4, never served; --accept-unchecked
     exits 0 and the folder still says so. The graph itself answers those scenes with zero detections."""
-    references = torch.load(trained / "checkpoint.pth", map_location="cpu", weights_only=False)
-    bias = references["model"]["rpn.head.cls_logits.bias"]
-    references["model"]["rpn.head.cls_logits.bias"] = torch.full_like(bias, -10.0)  # no proposal kept anywhere
-    blind = tmp_path / "blind.pth"
-    torch.save(references, blind)
+    blind = _blind(trained, tmp_path)
     out = tmp_path / "blind.export"
     done = run([sys.executable, "-m", "export", str(blind), "--out", str(out), "--no-bento"])
     assert done.returncode == 4 and "NOT CHECKED" in done.stderr and "no detection" in done.stderr, done.stderr
@@ -266,3 +272,23 @@ def test_a_huge_upload_costs_the_models_input_size_and_keeps_its_boxes_in_its_pi
     growth, answer = peak_growth_mb(server.proc.pid, attack)
     print(f"\na 6000 x 6000 PNG of {len(huge) // 1024} KB on /detect: the worker grew {growth:.0f} MB")
     assert answer.status_code == 200 and growth < 600, (growth, answer.text[:300])  # the decoded image and a copy
+
+
+def test_a_detector_is_proved_on_the_users_own_images(trained: Path, tmp_path: Path):
+    """--samples gives parity the images the user's detector knows (rectangles on grey noise, as it trained on), in
+    place of scikit-learn's photos; a detector that finds nothing on them still ends 'not checked'."""
+    own = tmp_path / "own"
+    own.mkdir()
+    generator = np.random.default_rng(0)
+    for i in range(3):
+        scene = (128 + 13 * generator.standard_normal((240, 320, 3))).clip(0, 255).astype(np.uint8)
+        scene[40 + 30 * i : 130 + 30 * i, 60 + 50 * i : 170 + 50 * i] = (230, 25, 25) if i % 2 else (25, 50, 230)
+        Image.fromarray(scene).save(own / f"{i}.png")
+    export = [sys.executable, "-m", "export", "--no-bento", "--samples", str(own), "--out"]
+    done = run([*export, str(tmp_path / "own.export"), str(trained / "checkpoint.pth")])
+    assert done.returncode == 0, done.stderr[-2000:]
+    parity = read_manifest_unchecked(tmp_path / "own.export")["parity"]
+    assert parity["pass"] and f"your 3 images in {own}" in str(parity), parity
+    blind = _blind(trained, tmp_path)
+    nothing = run([*export, str(tmp_path / "blind.export"), str(blind)])
+    assert nothing.returncode == 4 and "--samples DIR gives parity yours" in nothing.stderr, nothing.stderr[-2000:]

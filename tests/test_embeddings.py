@@ -236,3 +236,24 @@ def test_wrong_embedding_requests_get_a_4xx_naming_the_problem(server):
     assert document["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]["required"] == [
         "inputs"
     ]
+
+
+def test_a_pytorch_model_bin_beside_the_safetensors_is_set_aside_and_said(embedding_run: Path, tmp_path: Path):
+    """transformers loads model.safetensors first; a disagreeing pytorch_model.bin beside it is named as set aside."""
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "checkpoint-20"
+    shutil.copytree(embedding_run / "checkpoint-20", folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    torch.save({name: tensor + 1 for name, tensor in weights.items()}, folder / "pytorch_model.bin")
+    done, out = _export(folder, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = read_manifest_unchecked(out)
+    assert manifest["source"]["set_aside"] == [
+        "pytorch_model.bin: model.safetensors is read first, as transformers reads it"
+    ]
+    assert "pytorch_model.bin is set aside" in done.stderr
+    assert (
+        manifest["provenance"]["sha256"]
+        == read_manifest_unchecked(embedding_run / "checkpoint-20.export")["provenance"]["sha256"]
+    )  # the same tensors as without the .bin

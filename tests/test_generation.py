@@ -121,7 +121,9 @@ def test_a_model_that_is_not_the_checkpoints_fails_parity(language_run: Path, re
         PARITY_CHATS[1][1], add_generation_prompt=True, tokenize=True, return_dict=False
     )
     genai = language_run / "checkpoint-40.export" / "genai"
-    _, checks = compare_generation(wrong, genai, [Prompt("a question", ids)], [4, 1], 2, 16, DEFAULT_TOLERANCES["fp32"])
+    _, checks = compare_generation(
+        wrong, wrong.generation_config, genai, [Prompt("a question", ids)], [4, 1], 2, 16, DEFAULT_TOLERANCES["fp32"]
+    )
     assert checks and all(reason is not None for _, reason in checks), checks
     assert "logits differ" in checks[0][1]
 
@@ -338,6 +340,11 @@ def _config(folder: Path, **changes) -> None:
     (folder / "config.json").write_text(json.dumps(config | changes))
 
 
+def _generation(folder: Path, **changes) -> None:
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(config | changes))
+
+
 def _without_eos(folder: Path) -> None:
     (folder / "generation_config.json").unlink()
     _config(folder, eos_token_id=None)
@@ -360,8 +367,10 @@ def _without_eos(folder: Path) -> None:
             "ends an assistant's turn with '<|im_end|>' (id 4), which is not one of the eos ids [1]",
         ),
         (_without_eos, "no eos token id (generation_config.json, config.json or the tokenizer)"),
+        (lambda f: _generation(f, no_repeat_ngram_size=3), "no_repeat_ngram_size=3: generate() applies it"),
+        (lambda f: _generation(f, bad_words_ids=[[7]], num_beams=2), "num_beams=2, bad_words_ids=[[7]]"),
     ],
-    ids=["architecture", "remote-code", "quantized", "no-tokenizer", "turn-end-not-eos", "no-eos"],
+    ids=["architecture", "remote-code", "quantized", "no-tokenizer", "turn-end-not-eos", "no-eos", "ngram", "beams"],
 )
 def test_what_cannot_be_served_is_refused_in_one_line(language_run: Path, tmp_path: Path, edit, says):
     folder = _edited(language_run, tmp_path, edit)
@@ -386,3 +395,35 @@ def test_an_engine_that_dies_makes_the_service_unready_not_hung(server):
     assert server.status("/readyz") == 503
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "After", "max_tokens": 2})
     assert r.status_code == 503 and "engine's process ended" in r.text
+
+
+def test_the_folders_generation_config_is_served_and_proved(language_run: Path, reference, tmp_path: Path):
+    """A repetition penalty (as Qwen2.5-Instruct's generation_config.json carries one) in parity and in every answer,
+    unless a request gives its own; the folder's sampling settings are what a request that leaves them out gets."""
+    folder = _edited(
+        language_run, tmp_path, lambda f: _generation(f, repetition_penalty=1.3, top_k=20, temperature=0.6)
+    )
+    done = run([sys.executable, "-m", "export", str(folder), "--no-bento", "--formats", "onnx"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = read_manifest_unchecked(tmp_path / "checkpoint-40.export")
+    assert manifest["status"] == "passed" and manifest["generation"]["repetition_penalty"] == 1.3
+    assert manifest["generation"]["request_defaults"] == {"temperature": 0.6, "top_k": 20.0}
+    assert manifest["generation_config"]["settings"]["repetition_penalty"] == "honoured: served and in parity"
+    model, tokenizer = reference
+    config = transformers.GenerationConfig.from_pretrained(folder)
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(tmp_path / "checkpoint-40.export")) as srv:
+        srv.wait_ready()
+        differs = 0
+        for chat in [*CHATS, [{"role": "user", "content": "Count with me."}]]:
+            ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+            config.update(max_new_tokens=30, do_sample=False)
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), generation_config=config)
+            want = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+            body = {"messages": chat, "temperature": 0, "max_tokens": 30}
+            got = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()
+            assert got["choices"][0]["message"]["content"] == want, (chat, got)
+            plain = httpx.post(srv.url + "/v1/chat/completions", json=body | {"repetition_penalty": 1}, timeout=60)
+            assert plain.json()["choices"][0]["message"]["content"] == greedy(reference, ids, 30)[0]
+            differs += want != greedy(reference, ids, 30)[0]
+        assert differs, "the penalty changes no answer: the test would not see it dropped"

@@ -47,6 +47,7 @@ class Source:
     ema_state_dict: dict[str, torch.Tensor] | None = None
     ema_key: str | None = None  # where the EMA weights were found
     ema_chosen: bool = False
+    set_aside: list[str] = field(default_factory=list)  # weight files beside the ones read, and why they were not
 
 
 class _DeviceTagRecorder:

@@ -210,19 +210,32 @@ def _read_weights(path: Path) -> Source:
 
 
 def read_accelerate(folder: Path) -> Source:
-    for name in ACCELERATE_WEIGHTS:
+    """The folder's weights, safetensors first as transformers and Accelerate load them; a `pytorch_model.bin` beside
+    them is set aside, said in the log and the manifest's `source.set_aside`."""
+    for at, name in enumerate(ACCELERATE_WEIGHTS):
         index = folder / f"{name}.index.json"
         if index.is_file():
             state, shards = _read_index(folder, index)
-            return Source(folder, _folder_sha256(folder, [index, *shards]), "accelerate", state)
-        if (folder / name).is_file():
+            src = Source(folder, _folder_sha256(folder, [index, *shards]), "accelerate", state)
+        elif (folder / name).is_file():
             src = _read_weights(folder / name)
             others = sorted(p.name for p in folder.glob(name.replace(".", "_*.")))
             if others:
                 log.warning("%s holds more models (%s); exporting the first, %s", folder, ", ".join(others), name)
             src.path, src.kind = folder, "accelerate"
-            return src
+        else:
+            continue
+        src.set_aside = _set_aside(folder, name, ACCELERATE_WEIGHTS[at + 1 :])
+        return src
     return read_dcp(folder / ACCELERATE_FSDP)
+
+
+def _set_aside(folder: Path, read: str, later: tuple[str, ...]) -> list[str]:
+    """The weight files of `later` kinds in `folder`, which loading `read` leaves unread, each with why."""
+    found = [n for name in later for n in (name, f"{name}.index.json") if (folder / n).is_file()]
+    for name in found:
+        log.warning("%s: %s is set aside: %s is read first, as transformers reads it", folder, name, read)
+    return [f"{name}: {read} is read first, as transformers reads it" for name in found]
 
 
 def read_folder(folder: Path) -> Source:

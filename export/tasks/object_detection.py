@@ -54,6 +54,7 @@ from export.detection_parity import (
     match_detections,
 )
 from export.exporters import OPSET
+from export.inputs import sample_images
 from export.instance_parity import InstanceGaps
 from export.job import Job, log_loading, origin_fields
 from export.parity import Comparison, Tolerance, onnx_sessions, parity_report, pin_precision
@@ -67,6 +68,7 @@ log = logging.getLogger("export")
 # last two round differently in float32 at min_size 320. Then EMPTY_SCENE: one grey image, nothing in it.
 PARITY_SIZES = ((427, 640), (480, 360), (240, 320), (200, 200), (326, 363))
 EMPTY_SCENE = (240, 320)
+MAX_SAMPLES = 16  # --samples: each image is a run of the detector on each side
 KEYPOINT_WEIGHT = "roi_heads.keypoint_predictor.kps_score_lowres.weight"  # in_channels x K x 4 x 4
 
 
@@ -137,24 +139,33 @@ def detection_signature(settings: dict[str, Any]) -> Signature:
     )
 
 
-def parity_images() -> list[np.ndarray]:
-    """Views of scikit-learn's two photos at PARITY_SIZES, then the empty scene, each 1 x 3 x H x W in 0..1."""
+def parity_images(samples: Path | None = None) -> tuple[list[np.ndarray], str]:
+    """The images parity runs on, each 1 x 3 x H x W in 0..1, the empty scene last, and what they are: the user's
+    own (--samples: up to MAX_SAMPLES, at their own sizes, as a detector trained on a domain of its own finds nothing
+    in scikit-learn's photos), else views of scikit-learn's two photos at PARITY_SIZES."""
     from PIL import Image
-    from sklearn.datasets import load_sample_images
 
-    photos = [Image.fromarray(p) for p in load_sample_images().images]
-    views = []
-    for k, (height, width) in enumerate(PARITY_SIZES):
-        view = np.asarray(photos[k % len(photos)].resize((width, height), Image.Resampling.BILINEAR))
-        views.append(np.ascontiguousarray(view.transpose(2, 0, 1)[None], dtype=np.float32) / 255)
-    return [*views, np.full((1, 3, *EMPTY_SCENE), 0.5, dtype=np.float32)]
+    if samples is not None:
+        photos = sample_images(samples, MAX_SAMPLES)
+        described = f"your {len(photos)} images in {samples} at their own sizes"
+    else:
+        from sklearn.datasets import load_sample_images
+
+        photos = [Image.fromarray(p) for p in load_sample_images().images]
+        photos = [
+            photos[k % len(photos)].resize((w, h), Image.Resampling.BILINEAR) for k, (h, w) in enumerate(PARITY_SIZES)
+        ]
+        described = f"scikit-learn's photos at {', '.join(f'{h} x {w}' for h, w in PARITY_SIZES)}"
+    views = [np.ascontiguousarray(np.asarray(p).transpose(2, 0, 1)[None], dtype=np.float32) / 255 for p in photos]
+    empty = np.full((1, 3, *EMPTY_SCENE), 0.5, dtype=np.float32)
+    return [*views, empty], f"{described} and an empty grey scene at {EMPTY_SCENE[0]} x {EMPTY_SCENE[1]}"
 
 
 def detection_job(request: ExportRequest) -> Job:
     """--labels: one name per class index (index 0 is torchvision's background)."""
     args, src, arch, timings, device = request.args, request.source, str(request.arch), request.timings, request.device
     labels, checkpoint = request.checked.labels, request.checkpoint
-    refuse_classifier_flags(args, "a detector", allowed=("arch", "labels", "min_size", "max_size"))
+    refuse_classifier_flags(args, "a detector", allowed=("arch", "labels", "min_size", "max_size", "samples"))
     hints = {**src.preprocess_hints, "num_keypoints": _keypoint_count(src.state_dict)}
     hints |= {size: getattr(args, size) for size in ("min_size", "max_size") if getattr(args, size, None)}
     make = lambda n: _build(arch, n, hints)  # noqa: E731
@@ -170,7 +181,7 @@ def detection_job(request: ExportRequest) -> Job:
     }
     return Job(
         manifest,
-        lambda out: write_detection_export(model, device, manifest, out),
+        lambda out: write_detection_export(model, device, manifest, out, args.samples),
         f"{arch} ({len(labels)} classes, background included)",
     )
 
@@ -178,7 +189,7 @@ def detection_job(request: ExportRequest) -> Job:
 def export_detection_onnx(graph: DetectionGraph, path: Path, metadata: dict[str, str]) -> None:
     import onnx
 
-    example = torch.from_numpy(parity_images()[2])
+    example = torch.from_numpy(parity_images()[0][2])
     outputs = list(graph.outputs)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's tracer warnings are torchvision's known ones
@@ -199,12 +210,11 @@ def export_detection_onnx(graph: DetectionGraph, path: Path, metadata: dict[str,
 
 
 def compare_detections(
-    model: nn.Module, folder: Path, device: torch.device, settings: dict[str, Any]
+    model: nn.Module, folder: Path, device: torch.device, settings: dict[str, Any], images: list[np.ndarray]
 ) -> tuple[list[Comparison], str | None, str | None]:
     """Each ONNX session's detections against the untouched eager model's on every parity image (module
     docstring's rule), masks and keypoints on the matched ones; why that compared nothing (no detection on any
     image), or None; and the masks' and keypoints' line of the report, or None."""
-    images = parity_images()
     reference = DetectionGraph(model).to(device).eval()
     names = reference.outputs
     with torch.no_grad():
@@ -217,7 +227,8 @@ def compare_detections(
     nothing = not any(len(e.scores) for e in eager)
     not_checked = (
         f"the eager model finds no detection on any of the {len(images)} parity images (an untrained or diverged "
-        "detector): an artifact that finds nothing would match it"
+        "detector, or one trained on images unlike them: --samples DIR gives parity yours): an artifact that finds "
+        "nothing would match it"
         if nothing
         else None
     )
@@ -262,11 +273,11 @@ def compare_detections(
     return results, not_checked, instances.line()
 
 
-def detection_summary(results: list[Comparison], device: torch.device, rest: list[str]) -> list[str]:
+def detection_summary(results: list[Comparison], device: torch.device, images: int, rest: list[str]) -> list[str]:
     """The parity table a person reads: the worst box and score gaps of the matched detections, and how many of
     the eager model's were matched."""
     lines = [
-        f"parity against the eager model on {device} (fp32, TF32 off; {len(PARITY_SIZES)} photos and an empty "
+        f"parity against the eager model on {device} (fp32, TF32 off; {images - 1} images and an empty "
         f"scene; pass: the same detections best first, labels equal, boxes within {BOX_TOLERANCE_PX:g} px, scores "
         f"within {SCORE_TOLERANCE:g}; the {TOP_MATCHED} best of each photo and {100 * MIN_MATCHED_SHARE:g}% of all; "
         "the resized size equal to eager's)",
@@ -282,7 +293,9 @@ def detection_summary(results: list[Comparison], device: torch.device, rest: lis
     return lines + rest
 
 
-def write_detection_export(model: nn.Module, device: torch.device, manifest: dict[str, Any], folder: Path) -> int:
+def write_detection_export(
+    model: nn.Module, device: torch.device, manifest: dict[str, Any], folder: Path, samples: Path | None
+) -> int:
     with timed(manifest["timings"], "onnx"):
         try:
             export_detection_onnx(exportable(model), folder / ONNX, embedded_fields(manifest))
@@ -292,13 +305,13 @@ def write_detection_export(model: nn.Module, device: torch.device, manifest: dic
             ) from None
     manifest["onnx"] = {"opset": OPSET, "external_data": False, "exporter": "torchscript (dynamo=False)"}
     precision = pin_precision()
+    images, images_described = parity_images(samples)
     with timed(manifest["timings"], "parity"):
-        results, not_checked, instance_line = compare_detections(model, folder, device, manifest["detection"])
+        results, not_checked, instance_line = compare_detections(model, folder, device, manifest["detection"], images)
     reason = "torchvision's detectors take a list of images sized at run time; exported to ONNX only"
     tolerance = Tolerance(BOX_TOLERANCE_PX, SCORE_TOLERANCE, 1.0)
     described = (
-        f"scikit-learn's photos at {', '.join(f'{h} x {w}' for h, w in PARITY_SIZES)} and an empty grey scene at "
-        f"{EMPTY_SCENE[0]} x {EMPTY_SCENE[1]}: the same detections matched best first (label equal, boxes within "
+        f"{images_described}: the same detections matched best first (label equal, boxes within "
         f"{BOX_TOLERANCE_PX:g} px, scores within {SCORE_TOLERANCE:g}): each photo's {TOP_MATCHED} best, and "
         f"{100 * MIN_MATCHED_SHARE:g}% of all; the graph's resized size against eager's over a sweep of sizes"
     )
@@ -308,14 +321,15 @@ def write_detection_export(model: nn.Module, device: torch.device, manifest: dic
         False,
         tolerance,
         precision,
-        len(PARITY_SIZES) + 1,
+        len(images),
         described,
         skipped={"model.pt2": reason, "model.torchscript.pt": reason},
         batch_sizes=[1],
         not_checked=not_checked,
     )
     rest = manifest["parity"]["summary"][2 + len(results) :]
-    manifest["parity"]["summary"] = detection_summary(results, device, [instance_line] if instance_line else []) + rest
+    lines = [instance_line] if instance_line else []
+    manifest["parity"]["summary"] = detection_summary(results, device, len(images), lines) + rest
     return close_manifest(manifest, folder, [ONNX])
 
 

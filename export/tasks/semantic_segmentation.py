@@ -9,11 +9,13 @@ N x classes x H x W, at the size it was given. The service takes each pixel's be
 to the uploaded image's size (nearest).
 
 Written and checked as any model is (export/pipeline.py: ONNX, torch.export, TorchScript, each against
-eager on the example's rows and at a shorter H and W), the example being two views of scikit-learn's photos.
+eager on the example's rows and at a shorter H and W), the example being the user's images (--samples, as a model
+trained on its own domain is best proven on it) or two views of scikit-learn's photos.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,10 +25,12 @@ import torch.nn as nn
 from contract.manifest import new_tensor_manifest
 from contract.signature import TASK_SEMANTIC_SEGMENTATION
 from export.architecture import load_by_heads
+from export.inputs import sample_images
 from export.job import Job, log_loading, origin_fields
 from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of, write_tensor_export
 from export.tensor_model import Example, describe
 
+MAX_SAMPLES = 8  # --samples: one batch of them at EXAMPLE_SIZE
 EVAL_SIZE = 520  # references/segmentation/presets.py: SegmentationPresetEval(base_size=520)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 EXAMPLE_SIZE = (240, 320)  # parity's example (H, W); the dynamic H and W are checked cut shorter
@@ -64,13 +68,17 @@ def _build(arch: str, num_classes: int, aux_loss: bool) -> nn.Module:
     return torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=num_classes, **extra)
 
 
-def example_images() -> Example:
-    """Two views of scikit-learn's photos at EXAMPLE_SIZE, 2 x 3 x H x W in 0..1."""
+def example_images(samples: Path | None = None) -> Example:
+    """The user's images (--samples, up to MAX_SAMPLES), else scikit-learn's two photos, at EXAMPLE_SIZE:
+    N x 3 x H x W in 0..1."""
     from PIL import Image
     from sklearn.datasets import load_sample_images
 
     height, width = EXAMPLE_SIZE
-    views = [np.asarray(Image.fromarray(p).resize((width, height))) for p in load_sample_images().images]
+    found = (
+        sample_images(samples, MAX_SAMPLES) if samples else [Image.fromarray(p) for p in load_sample_images().images]
+    )
+    views = [np.asarray(image.resize((width, height))) for image in found]
     batch = np.stack(views).transpose(0, 3, 1, 2).astype(np.float32) / 255
     return Example({"image": torch.from_numpy(np.ascontiguousarray(batch))}, keywords=False)
 
@@ -79,12 +87,12 @@ def segmentation_job(request: ExportRequest) -> Job:
     """--labels: one name per class index (index 0 is the references' background)."""
     args, src, arch, timings, device = request.args, request.source, str(request.arch), request.timings, request.device
     labels, checkpoint, formats = request.checked.labels, request.checkpoint, request.checked.formats
-    refuse_classifier_flags(args, "a segmenter", allowed=("arch", "labels"))
+    refuse_classifier_flags(args, "a segmenter", allowed=("arch", "labels", "samples"))
     aux_loss = bool(src.preprocess_hints.get("aux_loss")) or any("aux_classifier." in k for k in src.state_dict)
     make = lambda n: _build(arch, n, aux_loss)  # noqa: E731
     model, unwrapped, labels, provenance = load_by_heads(make, src, arch, labels, timings, args.allow_partial)
     log_loading(src, unwrapped)
-    example = example_images()
+    example = example_images(args.samples)
     dynamic: dict[str, tuple[int, ...]] = {"image": (2, 3)}
     signature, wrapped = describe(SegmentationGraph(model).eval(), example, dynamic)
     origin = origin_fields(checkpoint, src, unwrapped, provenance)

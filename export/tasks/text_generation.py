@@ -34,6 +34,7 @@ from export.genai_model import (
     genai_precision,
     write_hf_folder,
 )
+from export.generation_config import GenerationConfigRead, read_generation_config
 from export.generation_parity import compare_generation, decode_check, parity_prompts
 from export.hf_text import load_hf_text, training_tokenizer
 from export.job import Job, log_loading, origin_fields
@@ -72,8 +73,8 @@ def generation_job(request: ExportRequest) -> Job:
         raise ValueError(f"{where}: a quantized checkpoint ({method}); handoff exports unquantized weights until tried")
     loaded = load_hf_text(request, hf, "AutoModelForCausalLM")
     tokenizer = training_tokenizer(request, hf, loaded, "language model")
-    generation_config = _generation_config(hf, loaded.model)
-    settings = generation_settings(tokenizer, loaded.model, generation_config, where)
+    read = read_generation_config(hf.config_dir, loaded.model)
+    settings = generation_settings(tokenizer, loaded.model, read, where)
     dtype = checkpoint_dtype(loaded.src.state_dict)
     log_loading(loaded.src, loaded.unwrapped)
     vocab = int(loaded.model.config.vocab_size)
@@ -85,34 +86,28 @@ def generation_job(request: ExportRequest) -> Job:
     manifest |= {
         "task": TASK_TEXT_GENERATION,
         "generation": settings.to_manifest(),
+        "generation_config": read.to_manifest(),
         "hf": {"model_type": hf.config["model_type"], "architecture": hf.architecture, "dtype": str(dtype)[6:]},
     }
     own_prompts = _own_prompts(args.prompts)
 
     def write(out: Path) -> int:
         with timed(manifest["timings"], "hf folder"):
-            files = write_hf_folder(loaded.model, tokenizer, generation_config, dtype, out)
+            files = write_hf_folder(loaded.model, tokenizer, read.config, dtype, out)
         with timed(manifest["timings"], "genai"):
             files += build_genai(out, request.device.type)
         manifest["genai"] = {"folder": GENAI_FOLDER, "precision": genai_precision(request.device.type)}
         with timed(manifest["timings"], "parity"):
-            manifest["parity"] = _parity(out, loaded.model, tokenizer, settings, own_prompts, request)
+            manifest["parity"] = _parity(out, loaded.model, read, tokenizer, settings, own_prompts, request)
         return close_manifest(manifest, out, files)
 
     template = "with its chat template" if settings.chat_template else "without a chat template (completions only)"
     return Job(manifest, write, f"{hf.architecture} ({vocab} tokens, context {settings.context_length}) {template}")
 
 
-def _generation_config(hf: HfCheckpoint, model: Any) -> Any:
-    import transformers
-
-    if (hf.config_dir / "generation_config.json").is_file():
-        return transformers.GenerationConfig.from_pretrained(hf.config_dir, local_files_only=True)
-    return transformers.GenerationConfig.from_model_config(model.config)
-
-
-def generation_settings(tokenizer: Any, model: Any, generation_config: Any, where: Path) -> GenerationSettings:
+def generation_settings(tokenizer: Any, model: Any, read: GenerationConfigRead, where: Path) -> GenerationSettings:
     """What the service needs to answer as transformers does; ValueError for a model that could never stop."""
+    generation_config = read.config
     eos = generation_config.eos_token_id if generation_config.eos_token_id is not None else tokenizer.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if not eos_ids:
@@ -125,7 +120,14 @@ def generation_settings(tokenizer: Any, model: Any, generation_config: Any, wher
     tokens = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
     context = int(getattr(model.config, "max_position_embeddings", 0) or tokenizer.model_max_length)
     settings = GenerationSettings(
-        context, tuple(int(i) for i in eos_ids), bos, adds_bos, tokenizer.chat_template, tokens
+        context,
+        tuple(int(i) for i in eos_ids),
+        bos,
+        adds_bos,
+        tokenizer.chat_template,
+        tokens,
+        repetition_penalty=read.repetition_penalty,
+        request_defaults={k: float(v) for k, v in read.request_defaults.items()},
     )
     if settings.chat_template is None:
         return settings
@@ -171,9 +173,16 @@ def _own_prompts(path: Path | None) -> list[Any]:
 
 
 def _parity(
-    out: Path, model: Any, tokenizer: Any, settings: GenerationSettings, own: list[Any], request: ExportRequest
+    out: Path,
+    model: Any,
+    read: GenerationConfigRead,
+    tokenizer: Any,
+    settings: GenerationSettings,
+    own: list[Any],
+    request: ExportRequest,
 ) -> dict[str, Any]:
-    """The parity block: the served tokenizer's checks, then greedy generations and logits against transformers."""
+    """The parity block: the served tokenizer's checks, then greedy generations and logits against transformers'
+    `generate` with the folder's generation config."""
     precision = genai_precision(request.device.type)
     tol = tolerance_of(request.args, precision)
     served = PromptTokenizer((out / TOKENIZER).read_bytes(), settings)
@@ -181,7 +190,7 @@ def _parity(
     checks.append(decode_check(tokenizer, served, prompts))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else settings.eos_token_ids[0]
     generated, generation_checks = compare_generation(
-        model, out / GENAI_FOLDER, prompts, list(settings.eos_token_ids), pad, request.args.new_tokens, tol
+        model, read.config, out / GENAI_FOLDER, prompts, list(settings.eos_token_ids), pad, request.args.new_tokens, tol
     )
     checks += generation_checks
     passed = all(reason is None for _, reason in checks) and generated.tokens_compared > 0

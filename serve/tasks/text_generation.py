@@ -66,6 +66,9 @@ class TextGeneration(ServedTask):
         self.tokenizer = PromptTokenizer(engine.tokenizer_json, self.settings)  # the bytes the engine verified
         vocab = self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
         self.generations = Generations(engine, self.settings, vocab, self.config.max_generations)
+        # what a request leaves out, from the model's generation_config.json (max_new_tokens: Generations')
+        self.request_defaults = {k: v for k, v in self.settings.request_defaults.items() if k != "max_new_tokens"}
+        self.request_defaults["repetition_penalty"] = self.settings.repetition_penalty
         self.created = int(time.time())
 
     async def answer(self, route: str, request: Incoming) -> Answer:
@@ -76,7 +79,7 @@ class TextGeneration(ServedTask):
 
     async def _complete(self, chat: bool, request: Incoming) -> Answer:
         body = parse_json(request.body)
-        common = parse_common(body, self.config.model_name, "messages" if chat else "prompt")
+        common = parse_common(body, self.config.model_name, "messages" if chat else "prompt", self.request_defaults)
         if chat:
             messages = parse_messages(body)
             chars = sum(len(str(m["content"])) for m in messages)
@@ -176,7 +179,8 @@ class TextGeneration(ServedTask):
 
     def schemas(self) -> dict[str, RouteSchema]:
         messages = {"type": "array", "items": {"type": "object", "required": ["role", "content"]}}
-        common = {name: {"type": "number"} for name in ("max_tokens", "temperature", "top_p", "top_k", "seed")}
+        numbers = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
+        common = {name: {"type": "number"} for name in numbers}
         common |= {"stop": {}, "stream": {"type": "boolean"}, "model": {"type": "string"}}
         chat = {"type": "object", "properties": {"messages": messages, **common}, "required": ["messages"]}
         completion = {"type": "object", "properties": {"prompt": {}, **common}, "required": ["prompt"]}
