@@ -14,7 +14,9 @@ SentencePiece's Metaspace), so that prefix's first `max_length` tokens are the w
 included, at a cost that follows the tokens the model uses. export/tasks/text_classification.py checks it against
 transformers.
 
-A model trained on pairs of texts (`pairs` in the manifest: NLI, a cross-encoder) takes `[CLS] a [SEP] b [SEP]`,
+A model trained on pairs of texts (`pairs` in the manifest: NLI, a cross-encoder, exported as one) takes only pairs;
+a sequence classifier whose tokenizer encodes pairs takes a single text or a pair alike (`takes_pairs`), as
+transformers' text-classification pipeline does for any. A pair is `[CLS] a [SEP] b [SEP]`,
 truncated as tokenizers' `longest_first` does: the shorter text keeps its tokens up to half the budget, the longer
 takes the rest. Prefixes give that exactly while at most one text overflows, or both do and the budget is even;
 when both overflow an odd budget, the odd token goes to the text with more tokens in full, which no prefix tells,
@@ -45,6 +47,7 @@ class TokenizerSettings:
     padding_side: str  # "right" | "left"
     inputs: tuple[str, ...]  # the model's token inputs, in order: input_ids, attention_mask[, token_type_ids]
     pairs: bool = False  # the model reads pairs of texts (`text`, `text_pair`), never one alone
+    takes_pairs: bool = False  # besides single texts, pairs, as transformers' pipeline takes them
 
     @classmethod
     def from_manifest(cls, entry: dict[str, Any]) -> TokenizerSettings:
@@ -56,6 +59,7 @@ class TokenizerSettings:
             entry["padding_side"],
             tuple(entry["inputs"]),
             bool(entry.get("pairs", False)),
+            bool(entry.get("takes_pairs", False)),
         )
 
     def to_manifest(self) -> dict[str, Any]:
@@ -68,7 +72,13 @@ class TokenizerSettings:
             "padding_side": self.padding_side,
             "inputs": list(self.inputs),
             "pairs": self.pairs,
+            "takes_pairs": self.takes_pairs,
         }
+
+    @property
+    def any_pairs(self) -> bool:
+        """Whether a pair of texts is ever taken (only pairs, or pairs besides single texts)."""
+        return self.pairs or self.takes_pairs
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,7 @@ class TextTokenizer:
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(settings.max_length)
         # the same tokenizer untruncated, for the texts of pairs, truncated as a pair (a copy: threads share both)
-        self.untruncated = Tokenizer.from_str(tokenizer_json.decode("utf-8")) if settings.pairs else None
+        self.untruncated = Tokenizer.from_str(tokenizer_json.decode("utf-8")) if settings.any_pairs else None
 
     def encode(self, texts: list[str]) -> Encoded:
         long = {i: encoding for i, text in enumerate(texts) if (encoding := self._enough_of(text)[1]) is not None}

@@ -149,8 +149,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     read.add_argument(
         "--text-pairs",
         action="store_true",
-        help="a Hugging Face text classifier trained on pairs of texts (NLI, paraphrase): served on "
-        '{"text": ..., "text_pair": ...}, never one text alone (a one-logit cross-encoder is one already)',
+        help="a Hugging Face text classifier that reads only pairs of texts: served on "
+        '{"text": ..., "text_pair": ...}, never one text alone (default: a classifier whose tokenizer encodes pairs '
+        "takes a text or a pair, as transformers' pipeline does; a one-logit cross-encoder is a reranker)",
     )
     read.add_argument(
         "--trust-remote-code",

@@ -31,7 +31,7 @@ import torch.nn as nn
 from tokenizers import Tokenizer
 
 from contract.manifest import new_tensor_manifest
-from contract.tokenizer_spec import MASK, TOKENIZER_JSON, Encoded, TextTokenizer, TokenizerSettings
+from contract.tokenizer_spec import MASK, TOKENIZER_JSON, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
 from export.job import Job, log_loading, origin_fields
 from export.parity import onnx_sessions
 from export.pipeline import Check, ExportRequest, OwnChecks, tolerance_of, write_tensor_export
@@ -228,14 +228,30 @@ def _check_vocabulary(tokenizer: Any, folder: Path, vocab_size: int) -> None:
         )
 
 
-def tokenizer_settings(tokenizer: Any, config: Any, pairs: bool = False) -> TokenizerSettings:
+def tokenizer_settings(
+    tokenizer: Any, config: Any, pairs: bool = False, takes_pairs: bool = False
+) -> TokenizerSettings:
     limits = [n for n in (tokenizer.model_max_length, getattr(config, "max_position_embeddings", None)) if n]
     max_length = min(n for n in limits if n < 10**6) if any(n < 10**6 for n in limits) else 512
     inputs = tuple(n for n in ("input_ids", MASK, "token_type_ids") if n in tokenizer.model_input_names)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return TokenizerSettings(
-        TOKENIZER_JSON, max_length, pad_id, str(tokenizer.pad_token or ""), tokenizer.padding_side, inputs, pairs
+        TOKENIZER_JSON,
+        max_length,
+        pad_id,
+        str(tokenizer.pad_token or ""),
+        tokenizer.padding_side,
+        inputs,
+        pairs,
+        takes_pairs,
     )
+
+
+def encodes_pairs(tokenizer: Any) -> bool:
+    """Whether `tokenizer` encodes a pair of texts (transformers' text-classification pipeline then takes pairs for
+    any sequence classifier): a post-processor that joins two texts, as BERT's, RoBERTa's or DeBERTa's does."""
+    backend = tokenizer.backend_tokenizer
+    return backend.post_processor is not None and backend.num_special_tokens_to_add(True) > 0
 
 
 def hf_manifest(
@@ -257,20 +273,26 @@ Sample = tuple[str, ...]  # what one row is made of: a text, or a pair of texts
 
 def parity_samples(settings: TokenizerSettings) -> list[Sample]:
     """The shortest text, the sentences, and one past the model's maximum length (truncation is checked too); for
-    a pair model, pairs of them: short and long on either side, and two past the maximum (tokenized whole where
-    the budget is odd, contract/tokenizer_spec.py)."""
+    a model that takes pairs, pairs of them (after the single texts where it takes those too): short and long on
+    either side, and two past the maximum (tokenized whole where the budget is odd, contract/tokenizer_spec.py)."""
     long = " ".join(SENTENCES * (settings.max_length // 8 + 1))
-    if not settings.pairs:
-        return [(text,) for text in (SHORTEST, *SENTENCES, long)]
+    singles: list[Sample] = [] if settings.pairs else [(text,) for text in (SHORTEST, *SENTENCES, long)]
+    if not settings.any_pairs:
+        return singles
     turned = zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1], strict=True)
-    return [(SHORTEST, SHORTEST), *turned, (long, SHORTEST), (SHORTEST, long), (long[: len(long) // 2], long)]
+    return [*singles, (SHORTEST, SHORTEST), *turned, (long, SHORTEST), (SHORTEST, long), (long[: len(long) // 2], long)]
 
 
 def encode_samples(served: TextTokenizer, samples: list[Sample]) -> Encoded:
-    """The samples as the service tokenizes them: texts, or pairs for a pair model."""
-    if served.settings.pairs:
-        return served.encode_pairs([(a, b) for a, b in samples])
-    return served.encode([text for (text,) in samples])
+    """The samples as the service tokenizes them, in one padded batch: the single texts (first), then the pairs."""
+    singles = [sample[0] for sample in samples if len(sample) == 1]
+    pairs = [(sample[0], sample[1]) for sample in samples if len(sample) == 2]
+    assert [len(s) for s in samples] == [1] * len(singles) + [2] * len(pairs), "single texts first, then pairs"
+    parts = ([served.encode(singles)] if singles else []) + ([served.encode_pairs(pairs)] if pairs else [])
+    if len(parts) == 1:
+        return parts[0]
+    rows = pad_to_longest([part.rows for part in parts], served.settings)
+    return Encoded(rows, [t for part in parts for t in part.truncated], [s for part in parts for s in part.spans])
 
 
 def tokenized_job(
@@ -283,13 +305,15 @@ def tokenized_job(
     described: str,
     pairs: bool = False,
     reference: Callable[[TextTokenizer, Path], list[Check]] | None = None,
+    takes_pairs: bool = False,
 ) -> Job:
-    """The export of a text model that takes what `tokenizer` makes (of pairs of texts, with `pairs`): `wrapper`
+    """The export of a text model that takes what `tokenizer` makes (of pairs of texts only, with `pairs`; of single
+    texts and pairs alike, with `takes_pairs`): `wrapper`
     (the model, giving its outputs by name) described and proved on the parity samples, the task's manifest
     `fields` added, the tokenizer checked and copied into the export; `reference(served, out)`: the task's
     comparison of the written export with the user's library (export/reference.py)."""
     args, device = request.args, request.device
-    settings = tokenizer_settings(tokenizer, loaded.model.config, pairs)
+    settings = tokenizer_settings(tokenizer, loaded.model.config, pairs, takes_pairs)
     served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
     samples = parity_samples(settings)
     example = Example({n: torch.from_numpy(a) for n, a in encode_samples(served, samples).rows.items()}, keywords=True)

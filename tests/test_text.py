@@ -31,6 +31,7 @@ TEXTS = [
     "Great!",
 ]
 ATOL = 1e-4
+LABELS = ("negative", "positive")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,7 @@ def test_24_texts_of_different_lengths_at_once_each_as_alone(server, eager):
 def test_the_protocol_takes_texts_as_bytes(server, eager):
     client = triton.InferenceServerClient(server.url.removeprefix("http://"))
     metadata = client.get_model_metadata("handoff")
-    assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert [i["name"] for i in metadata["inputs"]] == ["text", "text_pair"]  # a pair beside a text, where it is one
     texts = np.array([t.encode() for t in TEXTS], dtype=object)
     given = triton.InferInput("text", [len(TEXTS)], "BYTES")
     given.set_data_from_numpy(texts)
@@ -141,7 +142,7 @@ def test_bad_texts_get_a_4xx_naming_the_problem(server):
         ({"content": b"\xff\xfe", "headers": {"content-type": "text/plain"}}, 400, "UTF-8"),
         ({"json": {"text": "x" * 2001}}, 413, "HANDOFF_MAX_TEXT_CHARS"),
         ({"content": b"\x89PNG\r\n", "headers": {"content-type": "image/png"}}, 415, "classifies text"),
-        ({"json": {"text": "hi", "text_pair": "there"}}, 400, "--text-pairs"),  # a pair joined silently differs
+        ({"json": {"text": "hi", "text_pair": ""}}, 400, "empty"),
     ]
     for kwargs, status, words in cases:
         answer = httpx.post(url, timeout=30, **kwargs)
@@ -152,6 +153,38 @@ def test_bad_texts_get_a_4xx_naming_the_problem(server):
     with pytest.raises(Exception, match="UTF-8"):
         client.infer("handoff", [bad])
     assert server.status("/readyz") == 200
+
+
+def test_a_pair_is_taken_without_a_flag_as_the_pipeline_takes_it(server, text_run: Path):
+    """Exported with no flags, the classifier takes a pair of texts as transformers' text-classification pipeline
+    does for any sequence classifier (`{"text", "text_pair"}`), a long pair truncated longest-first; on the
+    protocol, `text_pair` beside `text`."""
+    checkpoint = text_run / "checkpoint-30"
+    classify = transformers.pipeline("text-classification", model=str(checkpoint), device="cpu", top_k=None)
+    assert read_manifest_unchecked(text_run / "checkpoint-30.export")["tokenizer"]["takes_pairs"] is True
+    pairs = [(TEXTS[0], TEXTS[1]), (TEXTS[2], TEXTS[2] + " " + TEXTS[2]), ("Great!", TEXTS[3])]
+    for text, pair in pairs:
+        expected = {p["label"]: p["score"] for p in classify({"text": text, "text_pair": pair}, truncation=True)}
+        answer = httpx.post(f"{server.url}/classify", json={"text": text, "text_pair": pair}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        got = {p["label"]: p["probability"] for p in answer.json()["predictions"]}
+        assert got == pytest.approx(expected, abs=ATOL), (text, pair)
+    assert (
+        answer.json()["truncated"] is False
+        and httpx.post(f"{server.url}/classify", json={"text": TEXTS[2], "text_pair": TEXTS[2] * 2}).json()["truncated"]
+    )
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    columns = []
+    for name, texts in (("text", [a for a, _ in pairs]), ("text_pair", [b for _, b in pairs])):
+        column = triton.InferInput(name, [len(texts)], "BYTES")
+        column.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object))
+        columns.append(column)
+    logits = client.infer("handoff", columns).as_numpy("logits")
+    for row, (text, pair) in zip(logits, pairs):
+        raw = classify({"text": text, "text_pair": pair}, truncation=True, function_to_apply="none")
+        assert [row[0], row[1]] == pytest.approx([{p["label"]: p["score"] for p in raw}[n] for n in LABELS], abs=ATOL)
+    single = client.infer("handoff", columns[:1]).as_numpy("logits")
+    assert np.abs(logits - single).max() > 100 * ATOL  # a pair is not its first text alone
 
 
 def test_predict_still_takes_token_ids(server, eager):
@@ -211,8 +244,9 @@ def test_every_tensor_of_the_trainers_export_is_the_checkpoints(text_run: Path):
     proof = manifest["provenance"]
     assert proof["pass"] and proof["matched"] == proof["model_tensors"] == proof["checkpoint_tensors"]
     assert not proof["tied"] and not proof["not_loaded_count"] and not proof["unused_count"]
-    # parity ran on the shortest text, the longest (cut at the model's 32 tokens) and a batch of mixed lengths
-    assert "input_ids int64 [8, 32]" in manifest["parity"]["inputs_described"]
+    # parity ran on the shortest text, the longest (cut at the model's 32 tokens), a batch of mixed lengths, and as
+    # many pairs (it takes a pair too), long ones truncated longest-first
+    assert "input_ids int64 [18, 32]" in manifest["parity"]["inputs_described"]
     assert "length 32 cut to 2" in manifest["parity"]["inputs_described"]
 
 

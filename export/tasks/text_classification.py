@@ -1,7 +1,8 @@
 """A Hugging Face text classifier (`*ForSequenceClassification`, a Trainer checkpoint or a save_pretrained folder;
 with --hf-config, a DDP state_dict, an Accelerate or a DCP folder), exported with its tokenizer: texts in, `logits`
-out, its labels from the config's `id2label`. One trained on pairs of texts (NLI, paraphrase) is exported with
---text-pairs: nothing in a checkpoint says so, and a pair joined into one text gives another answer.
+out, its labels from the config's `id2label`. Where its tokenizer encodes pairs, it takes a single text and a pair
+of texts (NLI, paraphrase) alike, as transformers' text-classification pipeline does for any sequence classifier,
+and parity proves both; --text-pairs exports one that reads only pairs (a single text is then refused).
 export/hf_text.py builds it, proves it on real texts and checks the tokenizer; without a tokenizer anywhere it is
 exported as a model of token ids.
 """
@@ -17,6 +18,7 @@ from export.hf_text import (
     LoadedText,
     Logits,
     config_labels,
+    encodes_pairs,
     hf_manifest,
     load_hf_text,
     pipeline_scores,
@@ -44,9 +46,15 @@ def text_job(request: ExportRequest) -> Job:
     labels = config_labels(hf, loaded.model.config)
     fields = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels, "scores": pipeline_scores(loaded.model.config)}
     described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer"
+    takes_pairs = not args.text_pairs and encodes_pairs(tokenizer)
     if args.text_pairs:
         described += ", on pairs of texts"
-    return tokenized_job(request, hf, loaded, tokenizer, Logits(loaded.model), fields, described, args.text_pairs)
+    elif takes_pairs:
+        described += ", on a text or a pair of texts"
+    wrapper = Logits(loaded.model)
+    return tokenized_job(
+        request, hf, loaded, tokenizer, wrapper, fields, described, args.text_pairs, takes_pairs=takes_pairs
+    )
 
 
 def _token_ids_job(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedText) -> Job:

@@ -6,12 +6,13 @@ transformers, no torch) from the bytes checked against the manifest. A text long
 truncated to it, as the tokenizer was set to do in training, and the answer says so (`"truncated": true`); a text
 past HANDOFF_MAX_TEXT_CHARS is refused (413) before it is tokenized.
 
-- POST /classify: `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`) -> predictions and `truncated`; a model
-  trained on pairs (`pairs` in the manifest's tokenizer) `{"text": "...", "text_pair": "..."}`, as transformers'
-  text-classification pipeline takes them, truncated longest-first;
+- POST /classify: `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`) -> predictions and `truncated`; a pair
+  `{"text": "...", "text_pair": "..."}`, as transformers' text-classification pipeline takes it, truncated
+  longest-first, for any model whose tokenizer encodes pairs (`takes_pairs` in the manifest's tokenizer); a model
+  exported with --text-pairs (`pairs`) takes only pairs;
 - POST /predict: token ids by name, as any model's inputs;
-- the protocol: `text` (BYTES: UTF-8 texts; a pair model's `text_pair` beside them) in, `logits` and
-  `probabilities` out.
+- the protocol: `text` (BYTES: UTF-8 texts; `text_pair` beside them for pairs) in, `logits` and `probabilities`
+  out.
 
 Requests of different lengths share a batch (`PaddedSequences`): each is padded to the longest in its batch with
 the pad token and a zero attention mask, which the export proved leaves every row's answer as it is alone. A batch
@@ -76,8 +77,13 @@ class TextClassification(TextTask):
 
     @property
     def body_example(self) -> str:
+        settings = self.tokenizer.settings
+        if settings.pairs:
+            return '{"text": "...", "text_pair": "..."}'
         return (
-            '{"text": "...", "text_pair": "..."}' if self.tokenizer.settings.pairs else '{"text": "..."} or text/plain'
+            '{"text": "..."} (with "text_pair": "..." for a pair) or text/plain'
+            if settings.takes_pairs
+            else ('{"text": "..."} or text/plain')
         )
 
     def encode_body(self, body: bytes, content_type: str, params: dict[str, list[str]]) -> tuple[Encoded, Any]:
@@ -90,13 +96,11 @@ class TextClassification(TextTask):
             )
         top_k = fields.get("top_k", params.get("top_k", ["5"])[-1])
         pair = fields.get("text_pair")
-        if self.tokenizer.settings.pairs != (pair is not None):
-            raise ClientError(
-                f"this model reads a pair of texts: send {self.body_example}"
-                if self.tokenizer.settings.pairs
-                else "this model was exported to classify one text, without text_pair (a classifier trained on pairs "
-                "of texts is exported with --text-pairs)"
-            )
+        settings = self.tokenizer.settings
+        if settings.pairs and pair is None:
+            raise ClientError(f"this model reads a pair of texts: send {self.body_example}")
+        if pair is not None and not settings.any_pairs:
+            raise ClientError("this model's tokenizer does not encode pairs of texts: send one text, without text_pair")
         if pair is None:
             return self.tokenizer.encode([text]), top_k
         return self.tokenizer.encode_pairs([(text, checked_text(pair, self.max_chars, '"text_pair"'))]), top_k

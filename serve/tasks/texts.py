@@ -130,18 +130,22 @@ class TextTask(ServedTask):
 
     @property
     def text_inputs(self) -> tuple[str, ...]:
-        return (TEXT_INPUT, TEXT_PAIR_INPUT) if self.tokenizer.settings.pairs else (TEXT_INPUT,)
+        return (TEXT_INPUT, TEXT_PAIR_INPUT) if self.tokenizer.settings.any_pairs else (TEXT_INPUT,)
 
     async def protocol_texts(self, request: InferRequest) -> tuple[list[str], Encoded]:
-        """The protocol's `text` input (BYTES [N] or [N, 1]; a pair model's `text_pair` beside it, a pair per row),
-        each text checked, and all tokenized (`tokenized`)."""
+        """The protocol's `text` input (BYTES [N] or [N, 1]; `text_pair` beside it, a pair per row, for a model that
+        takes pairs: always where it takes only pairs), each text checked, and all tokenized (`tokenized`)."""
         names = self.text_inputs
+        settings = self.tokenizer.settings
+        if settings.takes_pairs and set(request.inputs) == {TEXT_INPUT}:
+            names = (TEXT_INPUT,)  # single texts, which this model takes besides pairs
         if set(request.inputs) != set(names):
             wanted = " and ".join(f"'{name}'" for name in names)
             given = ", ".join(sorted(request.inputs))
             raise ClientError(
                 f"send {'one input' if len(names) == 1 else 'two inputs'}, {wanted} (BYTES [N]: UTF-8 texts"
-                f"{'; row i of each is pair i' if len(names) > 1 else ''}); got {given}"
+                f"{'; row i of each is pair i' if len(names) > 1 else ''}"
+                f"{f'; or {TEXT_INPUT!r} alone' if settings.takes_pairs else ''}); got {given}"
             )
         columns = []
         for name in names:
@@ -162,7 +166,9 @@ class TextTask(ServedTask):
         return await self.serving.decoders.run(work, *args, inline=size <= INLINE_TEXT_BYTES)
 
     def _tokenized(self, columns: list[list[bytes]]) -> tuple[list[str], Encoded]:
-        decoded = [texts_of_elements(c, self.max_chars, name) for c, name in zip(columns, self.text_inputs)]
+        decoded = [
+            texts_of_elements(c, self.max_chars, name) for c, name in zip(columns, (TEXT_INPUT, TEXT_PAIR_INPUT))
+        ]
         if len(decoded) == 2:
             return decoded[0], self.tokenizer.encode_pairs(list(zip(*decoded, strict=True)))
         return decoded[0], self.tokenizer.encode(self.prepared(decoded[0]))
