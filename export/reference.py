@@ -1,18 +1,27 @@
 """What an export's answers are compared with besides handoff's own model: the user's library, called on the
-checkpoint's folder as a user of that folder calls it (sentence-transformers' `encode`, ...). The manifest's
-`reference` records the library, its version and the call, or why handoff's own model had to stand in for it.
+checkpoint's folder as a user of that folder calls it (sentence-transformers' `encode`, transformers' pipelines),
+against the export run as the service runs it (the served tokenizer, the ONNX model, the served scores). The
+manifest's `reference` records the library, its version and the call, or why handoff's own model had to stand in.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from contract.scores import SCORE_FUNCTIONS
 from contract.tokenizer_spec import TextTokenizer
+from export.hf_text import encode_samples, parity_samples
+from export.parity import Tolerance, onnx_sessions
 from export.pipeline import Check
+from export.readers.hf_checkpoint import HfCheckpoint
 
 
 @dataclass(frozen=True)
@@ -27,3 +36,86 @@ class Reference:
     def to_manifest(self) -> dict[str, Any]:
         version = importlib.metadata.version(self.library) if self.checks is not None else None
         return {"library": self.library, "version": version, "call": self.call, "not_the_library": self.why_not}
+
+
+class ServedModel:
+    """The exported model as the service runs it on the CPU: token rows (the served tokenizer's) in, its first output
+    out."""
+
+    def __init__(self, out: Path) -> None:
+        self.session = onnx_sessions(out / "model.onnx", torch.device("cpu"))[0][2]
+        self.names = [i.name for i in self.session.get_inputs()]
+
+    def __call__(self, rows: dict[str, np.ndarray]) -> np.ndarray:
+        return self.session.run(None, {n: rows[n] for n in self.names})[0]
+
+
+def pipeline_reference(hf: HfCheckpoint, loaded: Any, tokenizer: Any, tol: Tolerance, scores: str) -> Reference:
+    """transformers' text-classification pipeline on the folder (or, where the weights are not the folder's own, on
+    the model handoff loaded and its tokenizer), against the export as the service runs it: raw logits, and the
+    scores the pipeline gives by default against the manifest's `scores` of the served logits."""
+    own = hf.weights == hf.config_dir and hf.adapter is None
+    where = "folder" if own else "the checkpoint's model as loaded, tokenizer=its tokenizer"
+    call = f"pipeline('text-classification', model={where}, top_k=None)(text or {{text, text_pair}}, truncation=True)"
+
+    def checks(served: TextTokenizer, out: Path) -> list[Check]:
+        import transformers
+
+        model = str(hf.config_dir) if own else loaded.model
+        pipe = transformers.pipeline(
+            "text-classification", model=model, tokenizer=None if own else tokenizer, device="cpu", top_k=None
+        )
+        samples = parity_samples(served.settings)
+        logits = ServedModel(out)(encode_samples(served, samples).rows)
+        labels: Any = pipe.model.config.id2label
+        worst, where_worst = 0.0, ""
+        for sample, row in zip(samples, logits, strict=True):
+            given: Any = sample[0] if len(sample) == 1 else {"text": sample[0], "text_pair": sample[1]}
+            asked = {"truncation": True, "max_length": served.settings.max_length}
+            raw = _by_label(pipe(given, function_to_apply="none", **asked))
+            scored = _by_label(pipe(given, **asked))
+            ours = SCORE_FUNCTIONS[scores](row)
+            for i in range(len(row)):
+                gap = max(abs(raw[labels[i]] - float(row[i])), abs(scored[labels[i]] - float(ours[i])))
+                if gap > worst:
+                    worst, where_worst = gap, " / ".join(text[:30] for text in sample)
+        failed = worst > tol.atol + tol.rtol * float(np.abs(logits).max())
+        reason = f"the served answer differs from the pipeline's by {worst:.2e} ({where_worst!r})" if failed else None
+        return [("transformers pipeline", reason)]
+
+    return Reference("transformers", call, checks)
+
+
+def _by_label(answer: Any) -> dict[str, float]:
+    """A pipeline's answer for one input (a text's comes back in a list of its own, a pair's not) by label."""
+    found = answer[0] if answer and isinstance(answer[0], list) else answer
+    return {p["label"]: float(p["score"]) for p in found}
+
+
+def cross_encoder_reference(
+    hf: HfCheckpoint, loaded: Any, tokenizer: Any, tol: Tolerance, scores: str, rerank_scores: str
+) -> Reference:
+    """sentence-transformers' `CrossEncoder(folder).predict(pairs)` (its activation as the folder's config.json sets
+    it) against /rerank's scores (`rerank_scores` of the served logits) and raw scores; the text-classification
+    pipeline against /classify's where sentence-transformers is not installed or the weights are not the folder's."""
+    own = hf.weights == hf.config_dir and hf.adapter is None
+    if not own or importlib.util.find_spec("sentence_transformers") is None:
+        return pipeline_reference(hf, loaded, tokenizer, tol, scores)
+    call = "CrossEncoder(folder, device='cpu').predict(pairs), and with activation_fn=Identity() for raw scores"
+
+    def checks(served: TextTokenizer, out: Path) -> list[Check]:
+        from sentence_transformers import CrossEncoder
+
+        library = CrossEncoder(str(hf.config_dir), device="cpu", local_files_only=True, trust_remote_code=False)
+        samples = parity_samples(served.settings)
+        logits = ServedModel(out)(encode_samples(served, samples).rows)[:, 0]
+        pairs = [(a, b) for a, b in samples]
+        theirs = library.predict(pairs, batch_size=len(pairs), convert_to_numpy=True)
+        raw = library.predict(pairs, batch_size=len(pairs), activation_fn=torch.nn.Identity(), convert_to_numpy=True)
+        ours = SCORE_FUNCTIONS[rerank_scores](logits)
+        worst = max(float(np.abs(raw - logits).max()), float(np.abs(theirs - ours).max()))
+        failed = worst > tol.atol + tol.rtol * float(np.abs(logits).max())
+        reason = f"/rerank's scores differ from CrossEncoder.predict's by {worst:.2e}" if failed else None
+        return [("sentence-transformers CrossEncoder", reason)]
+
+    return Reference("sentence-transformers", call, checks)

@@ -225,18 +225,6 @@ def load_runtime(
     return runtime
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Over the last axis: a classifier's classes (N x C), a token classifier's labels (N x tokens x labels)."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    exp = np.exp(shifted)
-    return exp / exp.sum(axis=-1, keepdims=True)
-
-
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    """Each logit alone: a score of independent labels, or of a one-logit model (a cross-encoder)."""
-    return 1.0 / (1.0 + np.exp(-logits))
-
-
 def best_first(scores: np.ndarray) -> np.ndarray:
     """Each row's class indices, best score first; equal scores in index order, as argmax and the eager model's
     top-1 break them (INT8 outputs are quantized, so exact ties happen: an unstable sort answered 6 where

@@ -6,6 +6,8 @@ And a classifier of single texts exported with --text-pairs."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -69,7 +71,9 @@ def test_a_one_logit_classifier_exports_with_no_flags_as_a_reranker_of_pairs(pai
     assert manifest["tokenizer"]["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
     provenance = manifest["provenance"]
     assert provenance["pass"] and provenance["matched"] == provenance["model_tensors"] > 0, provenance
-    assert [check["pass"] for check in manifest["parity"]["text"]] == [True, True], manifest["parity"]["text"]
+    assert [check["pass"] for check in manifest["parity"]["text"]] == [True, True, True], manifest["parity"]["text"]
+    assert manifest["parity"]["text"][-1]["check"] == "sentence-transformers CrossEncoder"  # its predict()
+    assert manifest["reference"]["library"] == "sentence-transformers"
 
 
 def test_rerank_ranks_texts_by_the_eager_models_score(server, eager):
@@ -154,4 +158,40 @@ def test_a_classifier_of_single_texts_exports_with_text_pairs_and_is_proved_on_p
 def test_text_pairs_is_refused_for_a_model_that_does_not_read_texts_in_pairs(token_run: Path, tmp_path: Path):
     done = run([*EXPORT, str(token_run / "checkpoint-40"), "--text-pairs", "--out", str(tmp_path / "x"), "--no-bento"])
     assert done.returncode != 0 and "--text-pairs" in done.stderr.strip().splitlines()[-1], done.stderr[-800:]
+    assert not (tmp_path / "x").exists()
+
+
+def _with_activation(pair_run: Path, tmp_path: Path, activation: str) -> Path:
+    """The cross-encoder's checkpoint as sentence-transformers' CrossEncoder saves one with `activation_fn`."""
+    folder = tmp_path / "checkpoint-80"
+    shutil.copytree(pair_run / "checkpoint-80", folder, ignore=shutil.ignore_patterns("optimizer.pt", "rng_*"))
+    config = json.loads((folder / "config.json").read_text())
+    config["sentence_transformers"] = {"activation_fn": activation, "version": "6.3.0"}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_rerank_scores_as_the_folders_cross_encoder_predicts(pair_run: Path, tmp_path: Path):
+    """A CrossEncoder saved with the identity as its activation predicts raw logits; /rerank answers as it does."""
+    from sentence_transformers import CrossEncoder
+
+    folder = _with_activation(pair_run, tmp_path, "torch.nn.modules.linear.Identity")
+    out = tmp_path / "identity.export"
+    done = run([*EXPORT, str(folder), "--out", str(out), "--no-bento", "--formats", "onnx"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = read_manifest_unchecked(out)
+    assert manifest["rerank_scores"] == "none" and manifest["reference"]["library"] == "sentence-transformers"
+    query, texts = QUERY, PASSAGES
+    expected = CrossEncoder(str(folder), device="cpu").predict([(query, text) for text in texts])
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(out)) as srv:
+        srv.wait_ready()
+        ranks = httpx.post(f"{srv.url}/rerank", json={"query": query, "texts": texts, "truncate": True}).json()
+    assert {r["index"]: r["score"] for r in ranks} == pytest.approx(dict(enumerate(expected.tolist())), abs=1e-4)
+    assert np.abs(expected - 1 / (1 + np.exp(-expected))).max() > 0.1  # the sigmoid's scores would differ
+
+
+def test_a_cross_encoder_activation_handoff_does_not_apply_is_refused(pair_run: Path, tmp_path: Path):
+    folder = _with_activation(pair_run, tmp_path, "torch.nn.modules.activation.Tanh")
+    done = run([*EXPORT, str(folder), "--out", str(tmp_path / "x"), "--no-bento"])
+    assert done.returncode == 2 and "Tanh" in done.stderr.strip().splitlines()[-1], done.stderr[-800:]
     assert not (tmp_path / "x").exists()

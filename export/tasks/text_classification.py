@@ -10,6 +10,7 @@ exported as a model of token ids.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -28,6 +29,7 @@ from export.hf_text import (
 from export.job import Job, log_loading
 from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of, write_tensor_export
 from export.readers.hf_checkpoint import HfCheckpoint
+from export.reference import pipeline_reference
 from export.tensor_model import Example, describe
 
 log = logging.getLogger("export")
@@ -43,8 +45,10 @@ def text_job(request: ExportRequest) -> Job:
         if args.text_pairs:
             raise ValueError(f"--text-pairs: no tokenizer beside {hf.config_dir} to join the pairs; --tokenizer DIR")
         return _token_ids_job(request, hf, loaded)
-    labels = config_labels(hf, loaded.model.config)
-    fields = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels, "scores": pipeline_scores(loaded.model.config)}
+    labels, scores = config_labels(hf, loaded.model.config), pipeline_scores(loaded.model.config)
+    reference = pipeline_reference(hf, loaded, tokenizer, tolerance_of(args), scores)
+    fields: dict[str, Any] = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels, "scores": scores}
+    fields["reference"] = reference.to_manifest()
     described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer"
     takes_pairs = not args.text_pairs and encodes_pairs(tokenizer)
     if args.text_pairs:
@@ -53,7 +57,7 @@ def text_job(request: ExportRequest) -> Job:
         described += ", on a text or a pair of texts"
     wrapper = Logits(loaded.model)
     return tokenized_job(
-        request, hf, loaded, tokenizer, wrapper, fields, described, args.text_pairs, takes_pairs=takes_pairs
+        request, hf, loaded, tokenizer, wrapper, fields, described, args.text_pairs, reference.checks, takes_pairs
     )
 
 

@@ -31,11 +31,11 @@ from contract.signature import TASK_TEXT_EMBEDDING
 from contract.tokenizer_spec import TextTokenizer
 from export.hf_text import SENTENCES, SHORTEST, load_hf_text, tokenized_job, training_tokenizer
 from export.job import Job
-from export.parity import Tolerance, onnx_sessions
+from export.parity import Tolerance
 from export.pipeline import Check, ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
 from export.readers.hf_checkpoint import HfCheckpoint
 from export.readers.sentence_transformers import MODULES, SentenceTransformersFolder, read_sentence_transformers
-from export.reference import Reference
+from export.reference import Reference, ServedModel
 
 
 class Pooled(nn.Module):
@@ -116,12 +116,10 @@ def encode_matches(found: SentenceTransformersFolder, served: TextTokenizer, out
 
     library = SentenceTransformer(str(found.folder), device="cpu", local_files_only=True, trust_remote_code=False)
     texts = [SHORTEST, *SENTENCES, " ".join(SENTENCES * (served.settings.max_length // 8 + 1))]
-    session = onnx_sessions(out / "model.onnx", torch.device("cpu"))[0][2]
-    names = [i.name for i in session.get_inputs()]
+    model = ServedModel(out)
     worst, where = 0.0, ""
     for name in [None, *found.prompts.named]:
-        rows = served.encode([found.prompts.prefix(name) + text for text in texts]).rows
-        ours = session.run(None, {n: rows[n] for n in names})[0]
+        ours = model(served.encode([found.prompts.prefix(name) + text for text in texts]).rows)
         theirs = library.encode(texts, prompt_name=name, convert_to_numpy=True, batch_size=len(texts))
         gap = float(np.abs(ours - theirs).max()) if ours.shape == theirs.shape else float("inf")
         if gap > worst:

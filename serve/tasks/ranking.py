@@ -11,14 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from contract.scores import SCORE_FUNCTIONS
 from serve.oip import ServedTensor, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
-from serve.runtime import best_first, sigmoid, softmax
+from serve.runtime import best_first
 
 CLASSIFIER_OUTPUTS = ("logits", "probabilities")
-# How a classifier's logits become its scores, by the manifest's `scores` (transformers' pipeline's rule: softmax for
-# one label of several, sigmoid for independent labels or one, none for a regression head)
-SCORE_FUNCTIONS = {"softmax": softmax, "sigmoid": sigmoid, "none": lambda logits: logits}
 PREDICTIONS: dict[str, Any] = {
     "type": "object",
     "properties": {

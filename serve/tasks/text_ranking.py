@@ -19,11 +19,11 @@ from __future__ import annotations
 import orjson
 
 from contract.errors import ClientError
+from contract.scores import SCORE_FUNCTIONS
 from contract.signature import TASK_TEXT_RANKING
 from contract.tokenizer_spec import Encoded
 from serve.endpoint import Answer, Incoming, RouteSchema
 from serve.json_body import parse_json
-from serve.runtime import sigmoid
 from serve.tasks.base import only_params
 from serve.tasks.text_classification import TextClassification
 from serve.tasks.texts import checked_text
@@ -35,6 +35,11 @@ RERANK_OPTIONS = ("raw_scores", "return_text", "truncate")
 class TextRanking(TextClassification):
     name = TASK_TEXT_RANKING
     routes = ("/rerank", "/classify", "/predict")
+
+    @property
+    def rerank_scores(self) -> str:
+        """How /rerank scores a logit: as the folder's CrossEncoder does (its activation; the sigmoid by default)."""
+        return str(self.manifest.get("rerank_scores", "sigmoid"))
 
     async def answer(self, route: str, request: Incoming) -> Answer:
         if route != "/rerank":
@@ -50,7 +55,7 @@ class TextRanking(TextClassification):
             )
         outputs = await self.serving.batched(encoded.rows)
         logits = outputs["logits"][:, 0]
-        scores = (logits if options["raw_scores"] else sigmoid(logits)).tolist()
+        scores = (logits if options["raw_scores"] else SCORE_FUNCTIONS[self.rerank_scores](logits)).tolist()
         order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: equal scores in the texts' order
         ranks = [
             {"index": i, "score": scores[i], **({"text": texts[i]} if options["return_text"] else {})} for i in order

@@ -25,12 +25,12 @@ import orjson
 
 from contract.errors import ClientError
 from contract.manifest import labels_of
+from contract.scores import softmax
 from contract.signature import TASK_TOKEN_CLASSIFICATION
 from contract.tokenizer_spec import Encoded
 from serve.endpoint import Answer, Incoming, RouteSchema
 from serve.oip import ServedTensor, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
-from serve.runtime import softmax
 from serve.tasks.base import Serving
 from serve.tasks.texts import TEXT_TYPES, TextTask, text_of_body
 

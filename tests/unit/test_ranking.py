@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from contract.scores import softmax
 from serve.oip_codec import classification_strings
-from serve.runtime import best_first, softmax
+from serve.runtime import best_first
 
 
 def test_ties_rank_in_index_order():
