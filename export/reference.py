@@ -38,6 +38,9 @@ class Reference:
         return {"library": self.library, "version": version, "call": self.call, "not_the_library": self.why_not}
 
 
+PIPELINE_IGNORED_LABELS = ("O",)  # the token-classification pipeline's default ignore_labels
+
+
 class ServedModel:
     """The exported model as the service runs it on the CPU: token rows (the served tokenizer's) in, its first output
     out."""
@@ -119,3 +122,44 @@ def cross_encoder_reference(
         return [("sentence-transformers CrossEncoder", reason)]
 
     return Reference("sentence-transformers", call, checks)
+
+
+def token_pipeline_reference(hf: HfCheckpoint, loaded: Any, tokenizer: Any, tol: Tolerance) -> Reference:
+    """transformers' token-classification pipeline (`aggregation_strategy="none"`: each token's label and score) on
+    the folder, or on the model as loaded, against the export as the service runs it: each text's tokens, their
+    labels and softmax scores, the tokens the pipeline leaves out (special ones, `O`) left out alike."""
+    own = hf.weights == hf.config_dir and hf.adapter is None
+    where = "folder" if own else "the checkpoint's model as loaded, tokenizer=its tokenizer"
+    call = f"pipeline('token-classification', model={where}, aggregation_strategy='none')(text)"
+
+    def checks(served: TextTokenizer, out: Path) -> list[Check]:
+        import transformers
+
+        model = str(hf.config_dir) if own else loaded.model
+        pipe = transformers.pipeline(
+            "token-classification", model=model, tokenizer=None if own else tokenizer, device="cpu"
+        )
+        labels: Any = pipe.model.config.id2label
+        texts = [sample[0] for sample in parity_samples(served.settings)]
+        encoded = served.encode(texts)
+        scores = SCORE_FUNCTIONS["softmax"](ServedModel(out)(encoded.rows))
+        for text, row, spans in zip(texts, scores, encoded.spans, strict=True):
+            theirs = {
+                int(t["index"]): (t["entity"], float(t["score"])) for t in pipe(text, aggregation_strategy="none")
+            }
+            best = [labels[int(token.argmax())] for token in row]
+            ours = {
+                i: (best[i], float(row[i].max()))
+                for i, span in enumerate(spans)
+                if span is not None and best[i] not in PIPELINE_IGNORED_LABELS
+            }
+            if set(ours) != set(theirs) or any(ours[i][0] != theirs[i][0] for i in ours):
+                return [
+                    ("transformers pipeline", f"the served tokens' labels differ from the pipeline's for {text[:30]!r}")
+                ]
+            gap = max((abs(ours[i][1] - theirs[i][1]) for i in ours), default=0.0)
+            if gap > tol.atol + tol.rtol:
+                return [("transformers pipeline", f"a token's score differs from the pipeline's by {gap:.2e}")]
+        return [("transformers pipeline", None)]
+
+    return Reference("transformers", call, checks)

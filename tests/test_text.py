@@ -71,7 +71,10 @@ def test_trainers_checkpoint_exports_with_no_flags_and_its_tokenizer(text_run: P
     assert tokenizer["max_length"] == 32 and tokenizer["pad_token"] == "[PAD]" and tokenizer["padding_side"] == "right"
     assert tokenizer["inputs"] == ["input_ids", "attention_mask"]
     assert {"tokenizer.json", "tokenizer_config.json", "config.json", "model.onnx"} <= set(manifest["artifacts"])
-    assert [c["check"] for c in manifest["parity"]["text"]][0] == "tokenizer"
+    assert [c["check"] for c in manifest["parity"]["text"]] == ["tokenizer", "padding (CPUExecutionProvider)"] + [
+        "transformers pipeline"  # the library is the reference: the pipeline's logits and scores, texts and pairs
+    ]
+    assert manifest["reference"]["library"] == "transformers" and manifest["reference"]["call"].startswith("pipeline(")
     assert all(c["pass"] for c in manifest["parity"]["text"]) and manifest["parity"]["pass"]
     shapes = {t["name"]: t["shape"] for t in manifest["signature"]["inputs"]}
     assert shapes == {"input_ids": [-1, -1], "attention_mask": [-1, -1]}

@@ -57,6 +57,11 @@ def test_the_trainer_checkpoint_exports_with_no_flags(token_run: Path):
     assert manifest["task"] == "token-classification" and manifest["status"] == "passed"
     assert manifest["labels"] == ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
     assert all(check["pass"] for check in manifest["parity"]["text"]), manifest["parity"]["summary"]
+    # the library is the reference: the pipeline's token labels and scores on the parity texts
+    assert manifest["parity"]["text"][-1]["check"] == "transformers pipeline"
+    assert (
+        manifest["reference"]["library"] == "transformers" and "token-classification" in manifest["reference"]["call"]
+    )
     assert (
         manifest["provenance"]["pass"] and manifest["provenance"]["matched"] == manifest["provenance"]["model_tensors"]
     )

@@ -10,7 +10,8 @@ from __future__ import annotations
 from contract.signature import TASK_TOKEN_CLASSIFICATION
 from export.hf_text import Logits, config_labels, load_hf_text, tokenized_job, training_tokenizer
 from export.job import Job
-from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags
+from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
+from export.reference import token_pipeline_reference
 
 
 def token_job(request: ExportRequest) -> Job:
@@ -20,9 +21,11 @@ def token_job(request: ExportRequest) -> Job:
     loaded = load_hf_text(request, hf, "AutoModelForTokenClassification")
     tokenizer = training_tokenizer(request, hf, loaded, "token classifier")
     labels = config_labels(hf, loaded.model.config)
-    fields = {"task": TASK_TOKEN_CLASSIFICATION, "labels": labels}
+    reference = token_pipeline_reference(hf, loaded, tokenizer, tolerance_of(args))
+    fields = {"task": TASK_TOKEN_CLASSIFICATION, "labels": labels, "reference": reference.to_manifest()}
     described = f"{hf.architecture} ({len(labels)} token labels: {', '.join(labels[:4])}) with its tokenizer"
-    return tokenized_job(request, hf, loaded, tokenizer, Logits(loaded.model), fields, described)
+    wrapper = Logits(loaded.model)
+    return tokenized_job(request, hf, loaded, tokenizer, wrapper, fields, described, reference=reference.checks)
 
 
 def is_token_classifier(request: ExportRequest) -> bool:
