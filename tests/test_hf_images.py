@@ -5,6 +5,8 @@ processors' sizes (a shortest edge and crop_pct, a resize then a crop), each pro
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -161,3 +163,25 @@ def test_a_wrong_crop_offset_fails_the_processor_check():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 40 * 40, 3))
     assert check_processor(folder, model, right.to_manifest(), photos, False).passed
     assert not check_processor(folder, model, wrong.to_manifest(), photos, False).passed
+
+
+def test_a_multi_label_classifier_is_scored_as_its_pipeline_scores_it(hf_image_run: Path, tmp_path: Path):
+    """`problem_type: multi_label_classification`: the pipeline gives each label's sigmoid, and so does /classify."""
+    folder = tmp_path / CHECKPOINT
+    shutil.copytree(hf_image_run / CHECKPOINT, folder, ignore=shutil.ignore_patterns("optimizer.pt", "rng_*"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"problem_type": "multi_label_classification"}))
+    done = run([*EXPORT, str(folder), "--no-bento", "--formats", "onnx"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert read_manifest_unchecked(tmp_path / f"{CHECKPOINT}.export")["scores"] == "sigmoid"
+    processor = transformers.AutoImageProcessor.from_pretrained(folder, backend="pil", local_files_only=True)
+    model = transformers.AutoModelForImageClassification.from_pretrained(folder, local_files_only=True).eval()
+    pipeline = transformers.pipeline("image-classification", model=model, image_processor=processor, device="cpu")
+    image = unseen_digits(1)[0][0]
+    expected = pipeline(image, top_k=3)
+    assert sum(e["score"] for e in pipeline(image, top_k=None)) > 1.05  # independent labels: no softmax
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(tmp_path / f"{CHECKPOINT}.export")) as srv:
+        srv.wait_ready()
+        served = classify(srv.url, png_bytes(image), top_k=3).json()["predictions"]
+    assert [p["label"] for p in served] == [e["label"] for e in expected]
+    np.testing.assert_allclose([p["probability"] for p in served], [e["score"] for e in expected], atol=1e-4)

@@ -20,7 +20,7 @@ from contract.manifest import new_manifest
 from contract.signature import TASK_IMAGE_CLASSIFICATION
 from export.architecture import ModelSpec
 from export.exporters import check_eval_mode
-from export.hf_text import config_labels, load_hf_text
+from export.hf_text import config_labels, load_hf_text, pipeline_scores
 from export.image_processor import check_processor, load_processor, preprocessing_of, processor_folder, report
 from export.inputs import REAL_IMAGES, real_images
 from export.job import Job, log_loading, origin_fields
@@ -59,13 +59,16 @@ def hf_image_job(request: ExportRequest) -> Job:
     model = PixelLogits(loaded.model).eval()
     check_eval_mode(model)
     log_loading(loaded.src, loaded.unwrapped)
-    labels = config_labels(hf, loaded.model.config)
+    labels, scores = config_labels(hf, loaded.model.config), pipeline_scores(loaded.model.config)
+    if scores == "none":
+        raise ValueError(f"{hf.config_dir}: a regression head (problem_type regression); handoff serves classifiers")
     preprocess = pre.to_manifest()
     spec = ModelSpec(hf.architecture, len(labels), labels, preprocess, model, loaded.unwrapped)
     origin = origin_fields(request.checkpoint, loaded.src, loaded.unwrapped, loaded.provenance)
     manifest = new_manifest(
         hf.architecture, labels, preprocess, "float16" if args.fp16 else "float32", origin, request.timings
     )
+    manifest["scores"] = scores  # how the pipeline scores its logits: softmax, or sigmoid for independent labels
     options = CheckOptions(args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop)
     with timed(request.timings, "preprocess_check"):
         photos, _ = real_images(None, args.samples, REAL_IMAGES)

@@ -42,9 +42,11 @@ class ImageClassification(ServedTask):
         self.fast_decode = self.config.decode == "auto" and fast_decode_passed(self.manifest)
         self.input_shape = tuple(self.manifest["input"]["shape"][1:])
         self.labels: list[str] = labels_of(self.manifest) or []
+        # softmax, or a multi-label Hugging Face classifier's sigmoid as its pipeline scores it (older: softmax)
+        self.scores: str = self.manifest.get("scores", "softmax")
 
     def run(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        return ranked(self.serving.runtime(rows))
+        return ranked(self.serving.runtime(rows), self.scores)
 
     def warm_up(self) -> None:
         for size in self.config.batch_buckets():
