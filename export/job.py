@@ -11,6 +11,7 @@ from typing import Any
 
 from export.provenance import Provenance
 from export.readers.containers import Source
+from export.readers.folder_files import account_for
 from export.unwrap import Unwrapped
 
 log = logging.getLogger("export")
@@ -29,7 +30,7 @@ class Job:
 def origin_fields(checkpoint: Path, src: Source, unwrapped: Unwrapped, provenance: Provenance) -> dict[str, Any]:
     """The manifest's `source` (where the weights came from and what was done to read them) and `provenance`
     (export/provenance.py: every tensor of the exported model traced to the checkpoint)."""
-    source = {
+    source: dict[str, Any] = {
         "checkpoint": str(checkpoint.resolve()),
         "sha256": src.sha256,
         "container": src.kind,
@@ -39,6 +40,8 @@ def origin_fields(checkpoint: Path, src: Source, unwrapped: Unwrapped, provenanc
         "device_tags": [t for t in src.device_tags if t != "cpu"],
         "set_aside": src.set_aside,
     }
+    if checkpoint.is_dir():
+        source["files"] = account_for(checkpoint, src.set_aside)
     return {"source": source, "provenance": provenance.to_manifest()}
 
 

@@ -253,6 +253,9 @@ def test_a_pytorch_model_bin_beside_the_safetensors_is_set_aside_and_said(embedd
         "pytorch_model.bin: model.safetensors is read first, as transformers reads it"
     ]
     assert "pytorch_model.bin is set aside" in done.stderr
+    files = manifest["source"]["files"]  # every file of the folder, with what the export did with it
+    assert files["pytorch_model.bin"].startswith("set aside: model.safetensors is read first")
+    assert files["model.safetensors"] == "read: the weights" and files["optimizer.pt"].startswith("set aside")
     assert (
         manifest["provenance"]["sha256"]
         == read_manifest_unchecked(embedding_run / "checkpoint-20.export")["provenance"]["sha256"]
