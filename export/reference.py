@@ -34,7 +34,7 @@ class Reference:
     why_not: str | None = None  # why the library's call could not be the reference
 
     def to_manifest(self) -> dict[str, Any]:
-        version = importlib.metadata.version(self.library) if self.checks is not None else None
+        version = importlib.metadata.version(self.library) if self.library != "handoff" else None
         return {"library": self.library, "version": version, "call": self.call, "not_the_library": self.why_not}
 
 

@@ -48,6 +48,7 @@ from export.pipeline import (
     tolerance_of,
 )
 from export.readers.hf_checkpoint import CONFIG, HfCheckpoint
+from export.reference import Reference
 from export.steps import timed
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -56,6 +57,9 @@ CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 def is_causal_lm(request: ExportRequest) -> bool:
     hf: HfCheckpoint | None = request.hf
     return hf is not None and hf.architecture.endswith(CAUSAL_SUFFIXES)
+
+
+GENERATE_CALL = "model.generate(ids, generation_config=the folder's generation_config.json, do_sample=False)"
 
 
 def generation_job(request: ExportRequest) -> Job:
@@ -87,6 +91,7 @@ def generation_job(request: ExportRequest) -> Job:
         "task": TASK_TEXT_GENERATION,
         "generation": settings.to_manifest(),
         "generation_config": read.to_manifest(),
+        "reference": Reference("transformers", GENERATE_CALL).to_manifest(),
         "hf": {"model_type": hf.config["model_type"], "architecture": hf.architecture, "dtype": str(dtype)[6:]},
     }
     own_prompts = _own_prompts(args.prompts)
