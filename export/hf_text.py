@@ -329,7 +329,7 @@ def tokenized_job(
     def text_checks(out: Path) -> tuple[list[str], list[Check]]:
         copied = copy_tokenizer(tokenizer, loaded.model, out)
         checks = [same_ids(tokenizer, served, samples), *padding_is_exact(served, samples, out, device, args)]
-        return copied, checks + (reference(served, out) if reference is not None else [])
+        return copied, checks + (library_checks(reference, served, out) if reference is not None else [])
 
     def write(out: Path) -> int:
         own = OwnChecks("text", text_checks)
@@ -337,6 +337,17 @@ def tokenized_job(
         return write_tensor_export(wrapped, example, dynamic, formats, device, tol, manifest, out, own)
 
     return Job(manifest, write, described)
+
+
+def library_checks(
+    reference: Callable[[TextTokenizer, Path], list[Check]], served: TextTokenizer, out: Path
+) -> list[Check]:
+    """The task's comparison with the user's library; a library call that raises fails it, in a line: the export
+    cannot say it answers as the library does."""
+    try:
+        return reference(served, out)
+    except Exception as err:  # noqa: BLE001 - the library's own words, whatever it raised
+        return [("the library's reference", f"the library's call raised: {first_line(err)}")]
 
 
 def copy_tokenizer(tokenizer: Any, model: Any, out: Path) -> list[str]:

@@ -41,6 +41,12 @@ class Reference:
 PIPELINE_IGNORED_LABELS = ("O",)  # the token-classification pipeline's default ignore_labels
 
 
+def folder_is_the_model(hf: HfCheckpoint) -> bool:
+    """Whether the library can load the model from the folder itself: its weights are the folder's own, no adapter
+    is merged into them, and no code of its own is needed (else the library runs on the model as handoff loaded it)."""
+    return hf.weights == hf.config_dir and hf.adapter is None and "auto_map" not in hf.config
+
+
 class ServedModel:
     """The exported model as the service runs it on the CPU: token rows (the served tokenizer's) in, its first output
     out."""
@@ -57,7 +63,7 @@ def pipeline_reference(hf: HfCheckpoint, loaded: Any, tokenizer: Any, tol: Toler
     """transformers' text-classification pipeline on the folder (or, where the weights are not the folder's own, on
     the model handoff loaded and its tokenizer), against the export as the service runs it: raw logits, and the
     scores the pipeline gives by default against the manifest's `scores` of the served logits."""
-    own = hf.weights == hf.config_dir and hf.adapter is None
+    own = folder_is_the_model(hf)
     where = "folder" if own else "the checkpoint's model as loaded, tokenizer=its tokenizer"
     call = f"pipeline('text-classification', model={where}, top_k=None)(text or {{text, text_pair}}, truncation=True)"
 
@@ -101,8 +107,7 @@ def cross_encoder_reference(
     """sentence-transformers' `CrossEncoder(folder).predict(pairs)` (its activation as the folder's config.json sets
     it) against /rerank's scores (`rerank_scores` of the served logits) and raw scores; the text-classification
     pipeline against /classify's where sentence-transformers is not installed or the weights are not the folder's."""
-    own = hf.weights == hf.config_dir and hf.adapter is None
-    if not own or importlib.util.find_spec("sentence_transformers") is None:
+    if not folder_is_the_model(hf) or importlib.util.find_spec("sentence_transformers") is None:
         return pipeline_reference(hf, loaded, tokenizer, tol, scores)
     call = "CrossEncoder(folder, device='cpu').predict(pairs), and with activation_fn=Identity() for raw scores"
 
@@ -128,7 +133,7 @@ def token_pipeline_reference(hf: HfCheckpoint, loaded: Any, tokenizer: Any, tol:
     """transformers' token-classification pipeline (`aggregation_strategy="none"`: each token's label and score) on
     the folder, or on the model as loaded, against the export as the service runs it: each text's tokens, their
     labels and softmax scores, the tokens the pipeline leaves out (special ones, `O`) left out alike."""
-    own = hf.weights == hf.config_dir and hf.adapter is None
+    own = folder_is_the_model(hf)
     where = "folder" if own else "the checkpoint's model as loaded, tokenizer=its tokenizer"
     call = f"pipeline('token-classification', model={where}, aggregation_strategy='none')(text)"
 

@@ -35,7 +35,7 @@ from export.parity import Tolerance
 from export.pipeline import Check, ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
 from export.readers.hf_checkpoint import HfCheckpoint
 from export.readers.sentence_transformers import MODULES, SentenceTransformersFolder, read_sentence_transformers
-from export.reference import Reference, ServedModel
+from export.reference import Reference, ServedModel, folder_is_the_model
 
 
 class Pooled(nn.Module):
@@ -94,8 +94,9 @@ def library_reference(request: ExportRequest, hf: HfCheckpoint, found: SentenceT
     own = "transformers' AutoModel, pooled and normalised by handoff"
     if found is None:
         return Reference("handoff", own, why_not="no sentence-transformers folder: the pooling is handoff's default")
-    if hf.weights != hf.config_dir or hf.adapter is not None:
-        why = "the weights are not the sentence-transformers folder's own (read from elsewhere, or an adapter merged)"
+    if not folder_is_the_model(hf):
+        why = "the weights are not the sentence-transformers folder's own (read from elsewhere, an adapter merged, or "
+        why += "remote code)"
         return Reference("handoff", own, why_not=why)
     if importlib.util.find_spec("sentence_transformers") is None:
         if not request.args.own_reference:
