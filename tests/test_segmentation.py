@@ -6,6 +6,7 @@ and the protocol (tritonclient, BYTES images) as the eager model does, evaluated
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import httpx
@@ -14,7 +15,7 @@ import pytest
 import torch
 import torchvision
 import tritonclient.http as triton
-from conftest import Server, photo_jpegs, png_bytes, probe_timeout_s
+from conftest import Server, photo_jpegs, png_bytes, probe_timeout_s, run
 from PIL import Image
 from test_serve_attacks_round3 import slowest_probe_during
 
@@ -81,6 +82,23 @@ def test_the_references_checkpoint_exports_with_no_flags(trained: Path):
     assert logits["shape"] == [-1, 3, -1, -1], "H and W follow the image's: -1, not the example's size"
     state = read_manifest_unchecked(trained / "ddp_state.export")
     assert state["status"] == "passed" and state["source"]["removed_prefixes"] == ["module."]
+
+
+def test_a_segmenter_is_proved_on_the_users_own_images(trained: Path, tmp_path: Path):
+    """--samples gives parity the user's images (three here, at the example's size) in place of scikit-learn's."""
+    own = tmp_path / "own"
+    own.mkdir()
+    generator = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(generator.integers(0, 255, (100 + 10 * i, 140, 3), dtype=np.uint8)).save(own / f"{i}.png")
+    out = tmp_path / "own.export"
+    done = run(
+        [sys.executable, "-m", "export", str(trained / "checkpoint.pth"), "--samples", str(own)]
+        + ["--out", str(out), "--no-bento", "--formats", "onnx"]
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    parity = read_manifest_unchecked(out)["parity"]
+    assert parity["pass"] and "image float32 [3, 3, 240, 320]" in parity["inputs_described"], parity
 
 
 def test_segment_answers_each_photo_as_the_eager_model(server, eager, photos: list[bytes]):
