@@ -34,7 +34,7 @@ from contract.manifest import new_tensor_manifest
 from contract.tokenizer_spec import MASK, TOKENIZER_JSON, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
 from export.job import Job, log_loading, origin_fields
 from export.parity import onnx_sessions
-from export.pipeline import Check, ExportRequest, OwnChecks, tolerance_of, write_tensor_export
+from export.pipeline import Check, ExportRequest, OwnChecks, library_checks, tolerance_of, write_tensor_export
 from export.provenance import Provenance, load_checked, trace
 from export.readers import Source, read_source
 from export.readers.hf_checkpoint import CONFIG, TOKENIZER_READS, HfCheckpoint, check_own_files, tokenizer_folder
@@ -329,7 +329,8 @@ def tokenized_job(
     def text_checks(out: Path) -> tuple[list[str], list[Check]]:
         copied = copy_tokenizer(tokenizer, loaded.model, out)
         checks = [same_ids(tokenizer, served, samples), *padding_is_exact(served, samples, out, device, args)]
-        return copied, checks + (library_checks(reference, served, out) if reference is not None else [])
+        compared = library_checks(lambda: reference(served, out)) if reference is not None else []
+        return copied, checks + compared
 
     def write(out: Path) -> int:
         own = OwnChecks("text", text_checks)
@@ -337,17 +338,6 @@ def tokenized_job(
         return write_tensor_export(wrapped, example, dynamic, formats, device, tol, manifest, out, own)
 
     return Job(manifest, write, described)
-
-
-def library_checks(
-    reference: Callable[[TextTokenizer, Path], list[Check]], served: TextTokenizer, out: Path
-) -> list[Check]:
-    """The task's comparison with the user's library; a library call that raises fails it, in a line: the export
-    cannot say it answers as the library does."""
-    try:
-        return reference(served, out)
-    except Exception as err:  # noqa: BLE001 - the library's own words, whatever it raised
-        return [("the library's reference", f"the library's call raised: {first_line(err)}")]
 
 
 def copy_tokenizer(tokenizer: Any, model: Any, out: Path) -> list[str]:

@@ -104,6 +104,16 @@ class OwnChecks:
     run: Callable[[Path], tuple[list[str], list[Check]]]
 
 
+def library_checks(call: Callable[[], list[Check]]) -> list[Check]:
+    """A task's comparison with the user's library (export/reference.py); a library call that raises fails it, in a
+    line: the export cannot say it answers as the library does."""
+    try:
+        return call()
+    except Exception as err:  # noqa: BLE001 - the library's own words, whatever it raised
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return [("the library's reference", f"the library's call raised: {first[:300]}")]
+
+
 def add_own_checks(report: dict[str, Any], key: str, checks: list[Check]) -> None:
     """`checks` in the parity report and its printed table; one that failed fails the export."""
     report[key] = [{"check": name, "pass": reason is None, "reason": reason} for name, reason in checks]

@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
+from contract.pil_transform import Preprocessor
 from contract.scores import SCORE_FUNCTIONS
 from contract.tokenizer_spec import TextTokenizer
 from export.hf_text import encode_samples, parity_samples
@@ -168,3 +170,39 @@ def token_pipeline_reference(hf: HfCheckpoint, loaded: Any, tokenizer: Any, tol:
         return [("transformers pipeline", None)]
 
     return Reference("transformers", call, checks)
+
+
+IMAGE_PIPELINE_CALL = (
+    "pipeline('image-classification', model=folder, image_processor=AutoImageProcessor.from_pretrained(folder, "
+    "backend='pil'))(image, top_k=every label)"
+)
+
+
+def image_pipeline_matches(
+    hf: HfCheckpoint, model: Any, processor_folder: Path, preprocess: dict[str, Any], scores: str, tol: Tolerance
+) -> Callable[[list[Image.Image], Path], list[Check]]:
+    """transformers' image-classification pipeline (its processor's PIL backend, whose pixels the service's equal)
+    on the folder, or on `model` as loaded, against the export as the service runs it: each image preprocessed as
+    the service does, the ONNX model, the manifest's `scores`, label by label."""
+
+    def checks(images: list[Image.Image], out: Path) -> list[Check]:
+        import transformers
+
+        processor = transformers.AutoImageProcessor.from_pretrained(
+            processor_folder, backend="pil", local_files_only=True
+        )
+        source = str(hf.config_dir) if folder_is_the_model(hf) else model
+        pipe = transformers.pipeline("image-classification", model=source, image_processor=processor, device="cpu")
+        labels: Any = pipe.model.config.id2label
+        served = Preprocessor.from_manifest(preprocess, max_pixels=1 << 40)
+        rows = np.stack([served(image) for image in images]).astype(np.float32)
+        ours = SCORE_FUNCTIONS[scores](ServedModel(out)({"input": rows}).astype(np.float64))
+        worst = 0.0
+        for image, row in zip(images, ours, strict=True):
+            theirs = _by_label(pipe(image.convert("RGB"), top_k=len(row)))  # every label (None gives 5)
+            worst = max(worst, max(abs(theirs[labels[i]] - float(row[i])) for i in range(len(row))))
+        failed = worst > tol.atol + tol.rtol
+        reason = f"the served scores differ from the pipeline's by {worst:.2e}" if failed else None
+        return [("transformers pipeline", reason)]
+
+    return checks

@@ -60,6 +60,9 @@ def test_a_trainer_checkpoint_exports_with_its_processor_and_labels(hf_image_run
     assert pre["mean"] == pre["std"] == [0.5, 0.5, 0.5]
     provenance = manifest["provenance"]
     assert provenance["pass"] and provenance["matched"] == provenance["model_tensors"] > 0, provenance
+    reference = manifest["parity"]["reference"]  # the library is the reference: the pipeline's scores on the photos
+    assert reference == [{"check": "transformers pipeline", "pass": True, "reason": None}], reference
+    assert manifest["reference"]["call"].startswith("pipeline('image-classification'")
     check = manifest["preprocess_check"]
     assert check["passed"] and check["max_difference_pil"] <= 1e-5, check
     assert check["top1_agreement_torchvision"] == 1.0 and check["max_difference_torchvision"] <= 2, check

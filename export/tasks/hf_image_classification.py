@@ -25,6 +25,7 @@ from export.image_processor import check_processor, load_processor, preprocessin
 from export.inputs import REAL_IMAGES, real_images
 from export.job import Job, log_loading, origin_fields
 from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
+from export.reference import IMAGE_PIPELINE_CALL, Reference, image_pipeline_matches
 from export.steps import timed
 from export.tasks.image_classification import CheckOptions, write_and_check
 
@@ -69,6 +70,8 @@ def hf_image_job(request: ExportRequest) -> Job:
         hf.architecture, labels, preprocess, "float16" if args.fp16 else "float32", origin, request.timings
     )
     manifest["scores"] = scores  # how the pipeline scores its logits: softmax, or sigmoid for independent labels
+    manifest["reference"] = Reference("transformers", IMAGE_PIPELINE_CALL).to_manifest()
+    reference = image_pipeline_matches(hf, loaded.model, folder, preprocess, scores, tolerance_of(args, "fp32"))
     options = CheckOptions(args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop)
     with timed(request.timings, "preprocess_check"):
         photos, _ = real_images(None, args.samples, REAL_IMAGES)
@@ -77,7 +80,10 @@ def hf_image_job(request: ExportRequest) -> Job:
         raise ValueError(f"{folder}: {check.line()}")
     manifest["preprocess_check"] = report(check)
     formats, device = request.checked.formats, request.device
-    write = partial(write_and_check, model, spec, None, formats, device, options, manifest, notes=(check.line(),))
+    notes = (check.line(),)
+    write = partial(
+        write_and_check, model, spec, None, formats, device, options, manifest, notes=notes, reference=reference
+    )
     described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with {check.processor}"
     return Job(manifest, write, described)
 

@@ -5,12 +5,14 @@ INT8), each checked against the eager model on real images. The task of every ch
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
+from PIL import Image
 
 from contract.manifest import (
     AOTI,
@@ -35,6 +37,7 @@ from export.exporters import (
     export_safetensors,
     export_torchscript,
 )
+from export.image_processor import check_images
 from export.inputs import REAL_IMAGES, parity_inputs, real_images
 from export.int8 import quantize, report_dict
 from export.job import Job, log_loading, origin_fields
@@ -42,9 +45,12 @@ from export.parity import Tolerance, parity_report, pin_precision, run_parity
 from export.pipeline import (
     EXIT_OK,
     EXIT_PARITY,
+    Check,
     ExportRequest,
     ExportTask,
+    add_own_checks,
     close_manifest,
+    library_checks,
     refuse_detector_flags,
     tolerance_of,
 )
@@ -76,10 +82,12 @@ def write_and_check(
     manifest: dict[str, Any],
     folder: Path,
     notes: tuple[str, ...] = (),
+    reference: Callable[[list[Image.Image], Path], list[Check]] | None = None,
 ) -> int:
     """Write every artifact into `folder`, check each against the eager `model`, and complete the manifest; `notes`:
-    the task's own checks, for the parity summary. Returns the exit status: EXIT_OK, or EXIT_PARITY when parity or
-    the INT8 gate failed."""
+    the task's own checks, for the parity summary; `reference(images, folder)`: the written export against the
+    user's library on parity's images (export/reference.py). Returns the exit status: EXIT_OK, or EXIT_PARITY when
+    parity, the reference or the INT8 gate failed."""
     pre = spec.preprocess
     example = torch.randn(EXPORT_BATCH, pre["channels"], pre["crop"], pre["crop"])
     artifact_model = copy.deepcopy(model).half() if options.fp16 else model  # the fp32 model stays the reference
@@ -129,6 +137,10 @@ def write_and_check(
         results, device, options.fp16, tol, precision, len(inputs), described, not_checked=not_checked
     )
     manifest["parity"]["summary"].extend(notes)
+    if reference is not None and "onnx" in exported:
+        with timed(timings, "reference"):
+            checks = library_checks(lambda: reference(check_images(images), folder))
+            add_own_checks(manifest["parity"], "reference", checks)
     if manifest["parity"]["pass"]:
         with timed(timings, "decode_check"):
             check = check_fast_decode(model, pre, images)  # the same real images parity ran on
