@@ -141,10 +141,15 @@ class PromptTokenizer:
             raise TemplateError(f"the chat template cannot render this conversation: {err}") from None
 
     def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
-        return self.tokenizer.encode(self.render(messages, add_generation_prompt), add_special_tokens=False).ids
+        return self._encode(self.render(messages, add_generation_prompt), add_special_tokens=False)
 
     def encode_prompt(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=True).ids
+        return self._encode(text, add_special_tokens=True)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Through `encode_batch`, which lets Python's GIL go while it works (`encode` holds it: the service's event
+        loop would wait for a long text's whole tokenization in its decoding thread)."""
+        return list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -17,8 +17,9 @@ import httpx
 import pytest
 import torch
 import transformers
-from conftest import Server, run
+from conftest import Server, probe_timeout_s, run
 from safetensors.torch import load_file
+from test_serve_attacks_round3 import slowest_probe_during
 
 from contract.manifest import read_manifest_unchecked
 
@@ -325,6 +326,38 @@ def test_past_the_cap_is_a_429_and_clients_that_leave_stop_their_generations(ser
             assert again.status_code == 200
 
     asyncio.run(scenario())
+
+
+def test_a_chat_of_empty_messages_or_a_prompt_of_millions_of_ids_never_stalls_the_worker(server):
+    """Security round 5, items 1 and 2, as the probe sent them: 600,000 empty messages (17 MB) and a prompt of 9
+    million token ids are refused at the door (413: more than any chat or prompt the context takes), and chats or
+    prompts under that body limit but past the context are refused before they are rendered or walked (400); /livez
+    answers in its normal time throughout, and every refusal is OpenAI's error body."""
+    chat = json.dumps({"messages": [{"role": "user", "content": ""}] * 600_000}).encode()
+    ids = b'{"prompt": [' + b",".join([b"7"] * 9_000_000) + b"]}"
+    many = json.dumps({"messages": [{"role": "user", "content": ""}] * 5_000}).encode()
+    long_ids = json.dumps({"prompt": [7] * 5_000}).encode()
+    headers = {"content-type": "application/json"}
+
+    def attack() -> list[httpx.Response]:
+        return [
+            httpx.post(f"{server.url}{route}", content=body, headers=headers, timeout=60)
+            for route, body in (
+                ("/v1/chat/completions", chat),
+                ("/v1/completions", ids),
+                ("/v1/chat/completions", many),
+                ("/v1/completions", long_ids),
+            )
+        ]
+
+    slowest, answers = slowest_probe_during(server, attack)
+    print(f"\nempty messages and millions of ids: /livez slowest {slowest * 1000:.0f} ms")
+    assert slowest < probe_timeout_s(), slowest  # before: 33.6 s and 1.6-2.6 s
+    assert [a.status_code for a in answers] == [413, 413, 400, 400], [a.text[:200] for a in answers]
+    assert all(a.json()["error"]["code"] == a.status_code for a in answers)
+    assert "5000 messages" in answers[2].json()["error"]["message"]
+    assert "your prompt is 5000 tokens" in answers[3].json()["error"]["message"]
+    assert server.status("/readyz") == 200
 
 
 def _edited(language_run: Path, tmp_path: Path, edit) -> Path:

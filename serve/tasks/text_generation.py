@@ -46,6 +46,8 @@ from serve.runtime import Runtime
 from serve.tasks.base import ServedTask, Serving
 
 CHAT, COMPLETIONS, MODELS = "/v1/chat/completions", "/v1/completions", "/v1/models"
+BODY_BYTES_PER_TOKEN = 64  # an empty message, `{"role": "assistant", "content": ""}, `, or a token id and its comma
+BODY_SLACK = 64 * 1024  # the request's other fields: sampling, stop strings, the model's name
 
 
 class TextGeneration(ServedTask):
@@ -80,12 +82,13 @@ class TextGeneration(ServedTask):
     async def _complete(self, chat: bool, request: Incoming) -> Answer:
         body = parse_json(request.body)
         common = parse_common(body, self.config.model_name, "messages" if chat else "prompt", self.request_defaults)
+        context = self.settings.context_length
         if chat:
-            messages = parse_messages(body)
-            chars = sum(len(str(m["content"])) for m in messages)
+            messages = parse_messages(body, context)
+            chars = sum(len(m["content"]) + len(m["role"]) for m in messages)  # what the template writes, at least
             tokenize: Callable[[], list[int]] = lambda: self._chat_ids(messages)  # noqa: E731
         else:
-            prompt = parse_prompt(body)
+            prompt = parse_prompt(body, context)
             chars = len(prompt) if isinstance(prompt, str) else 0  # token ids: the context's check bounds them
             tokenize = lambda: self._prompt_ids(prompt)  # noqa: E731
         if chars > self.config.max_text_chars:  # checked before tokenizing: a 20 MB prompt costs seconds of it
@@ -153,6 +156,15 @@ class TextGeneration(ServedTask):
         if any(not 0 <= token < vocab for token in prompt):
             raise ClientError(f"prompt: token ids must be between 0 and {vocab - 1}")
         return prompt
+
+    def max_body_bytes(self, route: str) -> int | None:
+        """The most a chat or a prompt the context can take needs as JSON: its characters (HANDOFF_MAX_TEXT_CHARS)
+        escaped, 6 bytes each at most, and for each token of the context a message's fields or a token id's digits;
+        a larger body is refused at the door (413) before it is read whole or parsed."""
+        if route not in (CHAT, COMPLETIONS):
+            return None
+        needed = 6 * self.config.max_text_chars + BODY_BYTES_PER_TOKEN * self.settings.context_length + BODY_SLACK
+        return min(self.config.max_body_bytes, needed)
 
     def trouble(self) -> str | None:
         return self.generations.engine.failure

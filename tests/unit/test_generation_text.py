@@ -128,9 +128,9 @@ def test_openai_requests_are_checked_before_anything_runs():
     assert wrong_model.value.status == 404
     assert error_body(wrong_model.value)["error"]["type"] == "NotFoundError"
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
-    assert parse_messages(parts) == [{"role": "user", "content": "a\nb"}]
+    assert parse_messages(parts, 4096) == [{"role": "user", "content": "a\nb"}]
     with pytest.raises(ClientError, match="text only"):
-        parse_messages({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
-    assert parse_prompt({"prompt": [1, 2, 3]}) == [1, 2, 3] and parse_prompt({"prompt": ["one"]}) == "one"
+        parse_messages({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 4096)
+    assert parse_prompt({"prompt": [1, 2, 3]}, 4096) == [1, 2, 3] and parse_prompt({"prompt": ["one"]}, 4096) == "one"
     with pytest.raises(ClientError, match="one prompt per request"):
-        parse_prompt({"prompt": ["one", "two"]})
+        parse_prompt({"prompt": ["one", "two"]}, 4096)
