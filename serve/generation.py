@@ -131,7 +131,7 @@ def generate(
             "do_sample": True,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
-            "top_k": sampling.top_k or vocab,
+            "top_k": min(sampling.top_k, vocab) if sampling.top_k else vocab,  # past the vocabulary: every token
         }
         if sampling.seed is not None:
             search["random_seed"] = sampling.seed

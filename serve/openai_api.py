@@ -37,6 +37,7 @@ NEUTRAL = {
 SAMPLING = {"max_tokens", "max_completion_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
 SAMPLING |= {"repetition_penalty"}
 MAX_REPETITION_PENALTY = 2.0
+MAX_SEED = (1 << 31) - 1  # ONNX Runtime GenAI's random_seed: a larger one raised (a 500), so it is a 400 here
 SAMPLING |= {"stream"}
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
 
@@ -133,7 +134,7 @@ def parse_common(body: Any, model_name: str, prompt_field: str, defaults: dict[s
         "repetition_penalty": _number(
             body, "repetition_penalty", defaults.get("repetition_penalty", 1.0), 1e-6, MAX_REPETITION_PENALTY
         ),
-        "seed": _integer(body, "seed", -(1 << 63), (1 << 63) - 1),
+        "seed": _integer(body, "seed", 0, MAX_SEED),
         "min_tokens": _integer(body, "min_tokens", 0, 1 << 20) or 0,  # vLLM's: eos is not chosen before
         "stop": tuple(stops),
     }

@@ -109,10 +109,10 @@ def test_embed_answers_as_the_eager_encoder_on_new_texts(server, embedding_run: 
 
 def test_openai_embeddings_answer_as_the_api_does(server, embedding_run: Path):
     expected = eager_vectors(embedding_run / "checkpoint-20", TEXTS, "mean")
-    answer = httpx.post(f"{server.url}/v1/embeddings", json={"input": TEXTS, "model": "mine"}, timeout=30)
+    answer = httpx.post(f"{server.url}/v1/embeddings", json={"input": TEXTS, "model": "handoff"}, timeout=30)
     assert answer.status_code == 200, answer.text
     document = answer.json()
-    assert document["object"] == "list" and document["model"] == "mine"
+    assert document["object"] == "list" and document["model"] == "handoff"
     assert [item["index"] for item in document["data"]] == list(range(len(TEXTS)))
     assert document["usage"]["prompt_tokens"] == document["usage"]["total_tokens"] > len(TEXTS)
     np.testing.assert_allclose(np.array([item["embedding"] for item in document["data"]]), expected, atol=ATOL)
@@ -226,6 +226,7 @@ def test_wrong_embedding_requests_get_a_4xx_naming_the_problem(server):
         ("/embed", {"inputs": ["hi"] * 1000}, 400, "HANDOFF_MAX_BATCH_SIZE"),
         ("/v1/embeddings", {"input": "hi", "dimensions": 7}, 400, "dimensions"),
         ("/v1/embeddings", {"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
+        ("/v1/embeddings", {"input": "hi", "model": "text-embedding-3-small"}, 404, "does not exist"),  # round 5
         ("/classify", {"text": "hi"}, 404, "/embed"),
     ]
     for route, body, status, words in cases:

@@ -242,6 +242,14 @@ def test_stop_strings_end_the_text_before_them_and_seeds_repeat(server, referenc
     assert other["choices"][0]["text"] != first["choices"][0]["text"]
 
 
+def test_a_top_k_past_the_vocabulary_takes_every_token_streamed_or_not(server):
+    """Security round 5, item 4: a top_k past the vocabulary was a 500 (and a stream cut with no [DONE])."""
+    body = {"prompt": "After", "temperature": 1.0, "top_k": 1_000_000, "seed": 3, "max_tokens": 4}
+    whole = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert whole.status_code == 200, whole.text
+    assert stream(server.url + "/v1/completions", body | {"stream": True})[-1] == "[DONE]"
+
+
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
@@ -252,6 +260,7 @@ def test_stop_strings_end_the_text_before_them_and_seeds_repeat(server, referenc
         ({"prompt": "After", "logit_bias": {"1": 5}}, 400, "logit_bias: not supported"),
         ({"prompt": "After", "model": "gpt-4"}, 404, "The model `gpt-4` does not exist"),
         ({"prompt": [1, 99999]}, 400, "token ids must be between 0 and"),
+        ({"prompt": "After", "seed": 2**32}, 400, "seed=4294967296: must be a whole number between 0 and 2147483647"),
         ({"messages": []}, 400, "prompt"),
     ],
 )

@@ -127,6 +127,10 @@ class TextEmbedding(TextTask):
         model = document.get("model", self.config.model_name)
         if not isinstance(model, str):
             raise ClientError('"model" must be a string')
+        if model != self.config.model_name:  # as the chat routes and vLLM answer a model they do not serve
+            raise ClientError(
+                f"The model `{model[:100]}` does not exist; this server serves `{self.config.model_name}`", 404
+            )
         options = {"normalize": True, "truncate": True, "encoding_format": encoding, "model": model[:200]}
         return self._texts(document["input"], "input"), options | {"prompt_name": _prompt_name(document)}
 
