@@ -13,7 +13,8 @@ The idle and header deadlines are each watched by one timer a tick (serve/deadli
 and cancelled for every request's first byte.
 
 At the cap, a new connection sheds the oldest one that has no request in progress (idle, or still sending
-its headers), so a probe that connects afresh is answered even while thousands of idle sockets are open; only
+its headers) or whose request only waits to send a paced refusal (serve/refusal_pace.py), so a probe that connects
+afresh is answered even while thousands of idle sockets are open or a flood of refused clients holds the cap; only
 when every connection is busy with a request is the new one closed. Each shed is counted and logged, at most
 one line every few seconds.
 
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from serve.deadline_sweep import DeadlineSweep
+from serve.refusal_pace import PACED
 
 log = logging.getLogger("bentoml.handoff.connections")
 
@@ -237,6 +239,11 @@ def guarded(
             cycle = getattr(self, "cycle", None)
             return cycle is not None and not cycle.response_complete
 
+        def _paced(self) -> bool:
+            """Waiting only to send a refusal for load (serve/refusal_pace.py): sheddable like an idle connection."""
+            cycle = getattr(self, "cycle", None)
+            return cycle is not None and not cycle.response_complete and bool(cycle.scope.get(PACED))
+
         def _arm(self, sweep: DeadlineSweep) -> None:
             self._disarm()
             sweep.record(self)
@@ -262,7 +269,7 @@ def guarded(
 
         def _shed_oldest_idle(self) -> bool:
             for connection in shedding.open:
-                if connection._stalled():
+                if connection._stalled() or connection._paced():
                     connection.transport.abort()
                 elif connection._in_request() or not _close_if_quiet(connection.transport):
                     continue

@@ -12,7 +12,9 @@ The first refusals of an overload go at once (a load balancer moves on to anothe
 flood is paced. A paused refusal costs a sleeping coroutine and the connection its client already holds; when the
 refusal comes from a handler, its processing slot (and the request's body) stays held during the pause, so
 HANDOFF_MAX_CONCURRENCY bounds how many wait at once; one refused before any handler (no slot free) lets go of its
-body first (serve/router.py), and HANDOFF_MAX_CONNECTIONS bounds how many of those wait.
+body first (serve/router.py), and HANDOFF_MAX_CONNECTIONS bounds how many of those wait. A connection whose refusal
+waits is sheddable at that cap as an idle one is (serve/connections.py): a flood of paced refusals once held every
+connection of the cap, and no fresh one, a health probe's included, got in (security round 5).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 
 REFUSALS_AT_ONCE_PER_S = 50  # refusals a second sent at once; beyond that, each waits
 REFUSAL_PAUSE_S = 0.5
+PACED = "handoff.paced"  # set in a request's ASGI scope while its refusal waits: its connection may be shed
 
 
 class RefusalPace:

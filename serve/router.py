@@ -22,7 +22,7 @@ from contract.errors import ClientError
 from serve.endpoint import Answer, Endpoint, Incoming, plain_error
 from serve.front_door import FrontDoor, Receive, Scope, Send, json_error, query_params, send_json
 from serve.logs import CLIENT_ERROR, Repeats, client_error_args, printable
-from serve.refusal_pace import RefusalPace
+from serve.refusal_pace import PACED, RefusalPace
 
 log = logging.getLogger("bentoml.handoff")
 refusals = Repeats(log)  # refusals for load, summarized
@@ -56,7 +56,8 @@ class Router:
             refused = err.with_traceback(None)
             refused.__context__ = None
         found = self.match(scope["method"], scope["path"])  # matched again only for a refusal: its route's shape
-        await send_error(send, refused, found[0].error_body(refused) if found is not None else plain_error(refused))
+        body = found[0].error_body(refused) if found is not None else plain_error(refused)
+        await send_error(scope, send, refused, body)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = self.match(scope["method"], scope["path"])
@@ -130,16 +131,20 @@ async def send_client_error(
         refusals.log(level, f"{error.status} {error}", CLIENT_ERROR, *line)
     else:
         log.log(level, CLIENT_ERROR, *line)
-    await send_error(send, error, body(error))
+    await send_error(scope, send, error, body(error))
 
 
-async def send_error(send: Send, error: ClientError, body: dict[str, Any]) -> None:
+async def send_error(scope: Scope, send: Send, error: ClientError, body: dict[str, Any]) -> None:
     """`body` with the error's status, and Retry-After for an error that passes with time (an overloaded model, a
     full server): a client that waits as it says, as HTTP asks, does not spend the server's CPU on requests refused
-    again. One that does not is paced (serve/refusal_pace.py)."""
+    again. One that does not is paced (serve/refusal_pace.py); while its refusal waits, its connection may be shed at
+    the connection cap as an idle one is (`PACED` in its scope: serve/connections.py), so a flood of paced refusals
+    never keeps a fresh connection, a probe's, out."""
     if error.retry_after_s is None:
         return await send_json(send, error.status, body)
+    scope[PACED] = True
     await pace.wait(error.retry_after_s)
+    scope[PACED] = False
     await send_json(send, error.status, body, headers=[(b"retry-after", str(error.retry_after_s).encode())])
 
 

@@ -317,3 +317,52 @@ def test_the_guarded_service_still_serves(guarded, eager):
     assert [a.status_code for a in answers] == [200] * 4, answers[0].text
     assert [a.json()["predictions"][0]["index"] for a in answers] == eager_top1(eager, images)
     assert classify(guarded.url, png_bytes(images[0])).status_code == 401
+
+
+FLOODERS = 150  # past the guarded service's HANDOFF_MAX_CONNECTIONS (100)
+
+
+def test_a_flood_of_paced_refusals_never_keeps_a_fresh_probe_out(guarded):
+    """Security round 5, item 3: 150 clients that send again as soon as they are refused (or closed at the cap),
+    against 8 slots and a cap of 100 connections. Their refusals (429) are still paced, but a connection whose
+    refusal only waits out its pause is shed at the cap as an idle one is, so every fresh /livez connection gets
+    through (before: 15 and 16 of 20 here; 0 of 31 in the round's probe, with the cap at 64)."""
+    image = png_bytes(digit_images(1)[0][0])
+    stop, statuses, paced = threading.Event(), [], []
+
+    def flood() -> None:
+        while not stop.is_set():
+            try:
+                with httpx.Client(timeout=5) as client:
+                    while not stop.is_set():
+                        started = time.monotonic()
+                        answer = client.post(
+                            f"{guarded.url}/classify", content=image, headers=authed(**{"content-type": "image/png"})
+                        )
+                        statuses.append(answer.status_code)
+                        if answer.status_code == 429:
+                            paced.append(time.monotonic() - started)
+            except httpx.HTTPError:
+                continue  # shed or refused at the cap: a flooding client connects again at once
+
+    with ThreadPoolExecutor(FLOODERS) as pool:
+        for _ in range(FLOODERS):
+            pool.submit(flood)
+        time.sleep(2)  # the flood at its height
+        answered, slowest = 0, 0.0
+        for _ in range(20):
+            started = time.monotonic()
+            try:
+                answered += httpx.get(f"{guarded.url}/livez", timeout=2 * probe_timeout_s()).status_code == 200
+            except httpx.HTTPError:
+                pass
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.1)
+        stop.set()
+    print(
+        f"\npaced flood: {answered} of 20 fresh probes answered (slowest {slowest * 1000:.0f} ms), "
+        f"{statuses.count(429)} refusals, {sum(p >= 0.4 for p in paced)} of them paced"
+    )
+    assert statuses.count(429) > 100 and sum(p >= 0.4 for p in paced) > 10, "the flood is refused, and paced"
+    assert answered == 20, answered
+    assert guarded.status("/readyz") == 200
