@@ -81,6 +81,13 @@ class ConnectionLimits:
         return max(1, min(self.max_connections, soft - DESCRIPTORS_KEPT_FREE))
 
 
+def _header_part(tail: bytes, data: bytes) -> int:
+    """How many bytes of `data` belong to a request's headers, which have so far ended with `tail` (up to 3 bytes):
+    up to the blank line that ends them where `data` holds it, else all of it."""
+    end = (tail + data).find(b"\r\n\r\n")
+    return len(data) if end < 0 else max(0, end + 4 - len(tail))
+
+
 def _close_if_quiet(transport: asyncio.BaseTransport) -> bool:
     """Close a connection unless the client has already sent more (bytes this process has not read yet).
     Its end-of-stream goes out now, not on the event loop's next turn, so that the client sees it before it
@@ -144,6 +151,7 @@ def guarded(
         deadline: DeadlineSweep | None = None  # the sweep watching this connection, if one is
         write_deadline: asyncio.TimerHandle | None = None
         header_bytes = 0  # received while the request's headers are incomplete
+        header_tail = b""  # their last bytes so far, where the blank line that ends them may have begun
         headers_done = False
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -177,12 +185,17 @@ def guarded(
             if not self._in_request() and self.deadline is not header_deadlines:
                 # A request's first byte: its headers have this long, counted from now however fast they stream.
                 self._arm(header_deadlines)
+            # Counted before parsing, up to the headers' end where this read holds it, so that headers that come
+            # whole in one read are counted too (a 100 KB header was answered 200, security round 5) and a body
+            # read with its headers is not. (h11 bounds headers itself.)
+            if counts_headers and (not self.headers_done or not self._in_request()):  # a request's headers, or
+                # the next request's on a kept-alive connection
+                if self.header_bytes + _header_part(self.header_tail, data) > limits.max_header_bytes:
+                    return self._refuse_headers()
             super().data_received(data)
-            # Counted after parsing, so that a body read with its headers is not. (h11 bounds headers itself.)
             if counts_headers and not self.headers_done:
                 self.header_bytes += len(data)
-                if self.header_bytes > limits.max_header_bytes:
-                    return self._refuse_headers()
+                self.header_tail = (self.header_tail + data)[-3:]
             if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:
                 log.warning("closed a connection with more than %d pipelined requests", MAX_PIPELINED)
                 self.transport.close()
@@ -202,7 +215,7 @@ def guarded(
             super().on_message_begin()
 
         def on_headers_complete(self) -> None:
-            self.headers_done, self.header_bytes = True, 0
+            self.headers_done, self.header_bytes, self.header_tail = True, 0, b""
             super().on_headers_complete()
 
         def _refuse_headers(self) -> None:
