@@ -17,8 +17,9 @@ import httpx
 import pytest
 import torch
 import transformers
-from conftest import Server, probe_timeout_s, run
+from conftest import Server, attack_memory_mb, probe_timeout_s, run
 from safetensors.torch import load_file
+from test_serve_attacks import peak_growth_mb
 from test_serve_attacks_round3 import slowest_probe_during
 
 from contract.manifest import read_manifest_unchecked
@@ -359,8 +360,9 @@ def test_a_chat_of_empty_messages_or_a_prompt_of_millions_of_ids_never_stalls_th
             )
         ]
 
-    slowest, answers = slowest_probe_during(server, attack)
-    print(f"\nempty messages and millions of ids: /livez slowest {slowest * 1000:.0f} ms")
+    growth, (slowest, answers) = peak_growth_mb(server.proc.pid, lambda: slowest_probe_during(server, attack))
+    print(f"\nempty messages and millions of ids: /livez slowest {slowest * 1000:.0f} ms, peak +{growth:.0f} MB")
+    assert growth < attack_memory_mb(), f"the service grew {growth:.0f} MB"  # before: 123 MB -> 1.29 GB, kept
     assert slowest < probe_timeout_s(), slowest  # before: 33.6 s and 1.6-2.6 s
     assert [a.status_code for a in answers] == [413, 413, 400, 400], [a.text[:200] for a in answers]
     assert all(a.json()["error"]["code"] == a.status_code for a in answers)
