@@ -49,6 +49,22 @@ def folder_is_the_model(hf: HfCheckpoint) -> bool:
     return hf.weights == hf.config_dir and hf.adapter is None and "auto_map" not in hf.config
 
 
+def _model_named(hf: HfCheckpoint) -> str:
+    """What a pipeline runs on, in the manifest's words."""
+    return "folder" if folder_is_the_model(hf) else "the checkpoint's model as loaded, tokenizer=its tokenizer"
+
+
+def _pipeline(task: str, hf: HfCheckpoint, model: Any, tokenizer: Any = None, **options: Any) -> Any:
+    """transformers' pipeline for `task` on the folder where it holds the model (folder_is_the_model), else on `model`
+    as handoff loaded it, with its `tokenizer`; on the CPU."""
+    import transformers
+
+    make: Any = transformers.pipeline  # typed by overloads on each task's literal name
+    if folder_is_the_model(hf):
+        return make(task, model=str(hf.config_dir), device="cpu", **options)
+    return make(task, model=model, tokenizer=tokenizer, device="cpu", **options)
+
+
 class ServedModel:
     """The exported model as the service runs it on the CPU: token rows (the served tokenizer's) in, its first output
     out."""
@@ -65,17 +81,11 @@ def pipeline_reference(hf: HfCheckpoint, loaded: Any, tokenizer: Any, tol: Toler
     """transformers' text-classification pipeline on the folder (or, where the weights are not the folder's own, on
     the model handoff loaded and its tokenizer), against the export as the service runs it: raw logits, and the
     scores the pipeline gives by default against the manifest's `scores` of the served logits."""
-    own = folder_is_the_model(hf)
-    where = "folder" if own else "the checkpoint's model as loaded, tokenizer=its tokenizer"
+    where = _model_named(hf)
     call = f"pipeline('text-classification', model={where}, top_k=None)(text or {{text, text_pair}}, truncation=True)"
 
     def checks(served: TextTokenizer, out: Path) -> list[Check]:
-        import transformers
-
-        model = str(hf.config_dir) if own else loaded.model
-        pipe = transformers.pipeline(
-            "text-classification", model=model, tokenizer=None if own else tokenizer, device="cpu", top_k=None
-        )
+        pipe = _pipeline("text-classification", hf, loaded.model, tokenizer=tokenizer, top_k=None)
         samples = parity_samples(served.settings)
         logits = ServedModel(out)(encode_samples(served, samples).rows)
         labels: Any = pipe.model.config.id2label
@@ -135,17 +145,10 @@ def token_pipeline_reference(hf: HfCheckpoint, loaded: Any, tokenizer: Any, tol:
     """transformers' token-classification pipeline (`aggregation_strategy="none"`: each token's label and score) on
     the folder, or on the model as loaded, against the export as the service runs it: each text's tokens, their
     labels and softmax scores, the tokens the pipeline leaves out (special ones, `O`) left out alike."""
-    own = folder_is_the_model(hf)
-    where = "folder" if own else "the checkpoint's model as loaded, tokenizer=its tokenizer"
-    call = f"pipeline('token-classification', model={where}, aggregation_strategy='none')(text)"
+    call = f"pipeline('token-classification', model={_model_named(hf)}, aggregation_strategy='none')(text)"
 
     def checks(served: TextTokenizer, out: Path) -> list[Check]:
-        import transformers
-
-        model = str(hf.config_dir) if own else loaded.model
-        pipe = transformers.pipeline(
-            "token-classification", model=model, tokenizer=None if own else tokenizer, device="cpu"
-        )
+        pipe = _pipeline("token-classification", hf, loaded.model, tokenizer=tokenizer)
         labels: Any = pipe.model.config.id2label
         texts = [sample[0] for sample in parity_samples(served.settings)]
         encoded = served.encode(texts)
