@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -170,11 +171,19 @@ def test_headers_that_come_whole_in_one_read_are_counted_too(served):
         return b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
 
     def answers(*requests: bytes) -> list[bytes]:
+        """Each request's answer on one connection: its status line and headers, its body read to its length."""
         found = []
         with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
             for sent in requests:
                 s.sendall(sent)
-                found.append(s.recv(4096))
+                received = b""
+                while b"\r\n\r\n" not in received and (chunk := s.recv(4096)):
+                    received += chunk
+                head, _, body = received.partition(b"\r\n\r\n")
+                length = re.search(rb"content-length: *([0-9]+)", head, re.IGNORECASE)
+                while length is not None and len(body) < int(length.group(1)) and (chunk := s.recv(4096)):
+                    body += chunk
+                found.append(head)
         return found
 
     assert answers(request(100 * 1024))[0].startswith(b"HTTP/1.1 431")
