@@ -247,13 +247,6 @@ def tokenizer_settings(
     )
 
 
-def encodes_pairs(tokenizer: Any) -> bool:
-    """Whether `tokenizer` encodes a pair of texts (transformers' text-classification pipeline then takes pairs for
-    any sequence classifier): a post-processor that joins two texts, as BERT's, RoBERTa's or DeBERTa's does."""
-    backend = tokenizer.backend_tokenizer
-    return backend.post_processor is not None and backend.num_special_tokens_to_add(True) > 0
-
-
 def hf_manifest(
     hf: HfCheckpoint,
     signature: Any,

@@ -19,7 +19,6 @@ from export.hf_text import (
     LoadedText,
     Logits,
     config_labels,
-    encodes_pairs,
     hf_manifest,
     load_hf_text,
     pipeline_scores,
@@ -59,6 +58,13 @@ def text_job(request: ExportRequest) -> Job:
     return tokenized_job(
         request, hf, loaded, tokenizer, wrapper, fields, described, args.text_pairs, reference.checks, takes_pairs
     )
+
+
+def encodes_pairs(tokenizer: Any) -> bool:
+    """Whether `tokenizer` encodes a pair of texts (transformers' text-classification pipeline then takes pairs for
+    any sequence classifier): a post-processor that joins two texts, as BERT's, RoBERTa's or DeBERTa's does."""
+    backend = tokenizer.backend_tokenizer
+    return backend.post_processor is not None and backend.num_special_tokens_to_add(True) > 0
 
 
 def _token_ids_job(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedText) -> Job:
