@@ -30,12 +30,18 @@ class BentoServer:
     own_home: str | None = None  # the BENTOML_HOME made for this server, removed when it stops
 
     def __init__(
-        self, log: Path, target: str | None = None, cwd: Path = ROOT, bentoml: Path | None = None, **env: str
+        self,
+        log: Path,
+        target: str | None = None,
+        cwd: Path = ROOT,
+        bentoml: Path | None = None,
+        python: str = sys.executable,
+        **env: str,
     ) -> None:
         """`target` is what `bentoml serve` serves (default: the bentofile in `cwd`); `bentoml` the executable
-        (default: `python -m bentoml` of this interpreter, which also works where bentoml was installed with
-        `pip --target` and has no script beside the interpreter); `env` adds variables."""
-        launcher = [str(bentoml)] if bentoml else [sys.executable, "-m", "bentoml"]
+        (default: `python -m bentoml` of `python`, this interpreter unless named, which also works where bentoml
+        was installed with `pip --target` and has no script beside the interpreter); `env` adds variables."""
+        launcher = [str(bentoml)] if bentoml else [python, "-m", "bentoml"]
         serve = [*launcher, "serve", *([target] if target else []), "--host", "127.0.0.1", "--port"]
         # `bentoml serve` empties $BENTOML_HOME/prometheus_multiproc_dir as it starts, where every worker keeps
         # its /metrics values: a server started beside another (parallel tests) wiped the other's counts. So each
