@@ -1,6 +1,6 @@
-"""One row of the route table (serve/routes.py), what a handler is given and gives back (`Incoming`, `Answer`), and
-what the table is turned into: the router's matcher, the paths the metrics and the API-key gate know, and the
-OpenAPI document.
+"""One row of the route table, what a handler is given and gives back (`Incoming`, `Answer`), and the table itself
+(`RouteTable`): the routes every model has (serve/routes.py) and the served task's own (its `endpoints()`,
+serve/tasks/), added once it has loaded; what the router matches, the metrics know and /docs.json documents.
 
 Who answers a row:
 - HANDOFF: serve/router.py calls the row's handler, after the front door has read and bounded the body of a row
@@ -11,17 +11,20 @@ Who answers a row:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.routing import compile_path
 
 from contract.errors import ClientError
 from serve.front_door import BodyRoute, Receive, Scope, query_params
+from serve.logs import printable
 
 HANDOFF, BENTOML = "handoff", "bentoml"
 ERROR = {"$ref": "#/components/schemas/Error"}
 JSON_OBJECT = {"type": "object"}
+MODEL_ERRORS = (400, 404, 408, 413, 415, 429, 503)
+"""what a model's route that takes a body may answer besides 200"""
 
 
 def plain_error(error: ClientError) -> dict[str, Any]:
@@ -74,14 +77,6 @@ Handler = Callable[[Incoming], Awaitable[Answer]]
 
 
 @dataclass(frozen=True)
-class RouteSchema:
-    """A task's OpenAPI for one of its routes: the requestBody's `content` and the 200 answer (None: the row's)."""
-
-    request: dict[str, Any] | None = None
-    answer: tuple[str, dict[str, Any]] | None = None
-
-
-@dataclass(frozen=True)
 class Endpoint:
     method: str
     path: str
@@ -108,6 +103,63 @@ class Endpoint:
     """how its errors are written, the front door's too: `{"error": "..."}`, or another API's shape (OpenAI's)"""
     error_schema: dict[str, Any] = field(default_factory=lambda: ERROR)
     """that body's OpenAPI schema"""
+    admit: Callable[[], object] | None = None
+    """a served task's routes: the service's check that the model is ready and has room, before the handler runs
+    (set by `RouteTable.serve`)"""
+
+
+class RouteTable:
+    """Every route the service answers: `common` (serve/routes.py) from the start, and the served task's own once
+    it has loaded (`serve`). The router matches against it and the metrics ask it which paths are known; /docs.json
+    documents it, so a model's document lists the routes it answers and no other."""
+
+    def __init__(self, common: list[Endpoint], model_name: str) -> None:
+        self.common = common
+        self.model_name = model_name
+        self.task_name: str | None = None
+        self.task_rows: list[Endpoint] = []
+        self.load_failure: str | None = None
+        self._use(common)
+
+    def serve(self, task_name: str, rows: list[Endpoint], admit: Callable[[], object]) -> None:
+        """Adds the served task's routes, each answered only once `admit` lets it (the model ready, with room)."""
+        paths = [(e.method, e.path) for e in rows]
+        taken = sorted({(e.method, e.path) for e in self.common} & set(paths))
+        if taken or len(set(paths)) != len(paths):
+            raise ValueError(f"task {task_name}: routes declared twice or already the service's: {taken or paths}")
+        self.task_name = task_name
+        self.task_rows = [replace(e, admit=admit) for e in rows]
+        self._use([*self.task_rows, *self.common])
+
+    def failed(self, reason: str) -> None:
+        """The model did not load: a request for any other route is answered 503 with `reason`."""
+        self.load_failure = reason
+
+    def _use(self, rows: list[Endpoint]) -> None:
+        self.rows = rows
+        self.match = route_matcher(rows, self.model_name)
+        self.known_paths = known_paths(rows, self.model_name)
+
+    def __contains__(self, path: object) -> bool:
+        """A path the service answers for this model (each has its own /metrics series; the rest share one)."""
+        return path in self.known_paths
+
+    def unmatched(self, method: str, path: str) -> ClientError:
+        """The refusal of a request no row answers: the model's not ready (503), or a 404 naming its routes."""
+        if self.load_failure is not None:
+            return ClientError(f"model not ready: {self.load_failure}", 503)
+        asked = f"{method} {printable(path[:200])}"
+        if self.task_name is None:
+            return ClientError(f"no route {asked}: GET /docs.json lists them", 404)
+        answered = " or ".join(f"{e.method} {e.path}" for e in self.task_rows) or "the protocol's infer"
+        return ClientError(
+            f"no route {asked} for this model (task {self.task_name}): it answers {answered}; "
+            "GET /docs.json lists every route",
+            404,
+        )
+
+    def document(self, title: str, version: str) -> dict[str, Any]:
+        return openapi_document(self.rows, title, version)
 
 
 def route_matcher(endpoints: list[Endpoint], model_name: str) -> Callable[[str, str], tuple[Endpoint, dict] | None]:
@@ -150,18 +202,14 @@ def open_paths(endpoints: list[Endpoint], model_name: str) -> frozenset[str]:
     return frozenset(concrete(e.path, model_name) for e in endpoints if e.open)
 
 
-def openapi_document(
-    endpoints: list[Endpoint], title: str, version: str, schemas: dict[str, RouteSchema] | None = None
-) -> dict[str, Any]:
-    """The OpenAPI 3 document of every documented row (GET /docs.json; schemathesis runs from it). `schemas`: the
-    served task's own request and answer schemas for the routes it answers (serve/tasks/), in place of the row's."""
+def openapi_document(endpoints: list[Endpoint], title: str, version: str) -> dict[str, Any]:
+    """The OpenAPI 3 document of every documented row (GET /docs.json; schemathesis runs from it)."""
     paths: dict[str, dict[str, Any]] = {}
     for e in endpoints:
         if not e.documented:
             continue
-        own = (schemas or {}).get(e.path)
-        media, schema = e.answer if own is None or own.answer is None else own.answer
-        request = e.request if own is None or own.request is None else own.request
+        media, schema = e.answer
+        request = e.request
         operation: dict[str, Any] = {
             "summary": e.summary,
             "operationId": f"{e.method.lower()}_{e.path.strip('/').replace('/', '_').strip('{}') or 'page'}",

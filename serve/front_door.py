@@ -75,8 +75,10 @@ class BodyRoute:
     """the Content-Types it takes ("" for a body sent without one)"""
     form_fields: dict[str, str] = field(default_factory=dict)
     """a multipart form's fields ({name: "file" | "integer" | "text"}); the file field's bytes go to the handler"""
-    max_bytes: Callable[[], int] | None = None
-    """this route's own, tighter limit on the body (asked at each request: it may depend on the loaded model)"""
+    max_bytes: int | None = None
+    """this route's own, tighter limit on the body (a served task's, from its model: a full batch of its input)"""
+    takes: str = ""
+    """what it takes, in words, for the 415 of a body of another type (default: the media types it takes)"""
 
 
 class Slots:
@@ -109,7 +111,7 @@ class FrontDoor:
     async def read(self, scope: Scope, route: BodyRoute, receive: Receive) -> tuple[bytes, dict[str, list[str]]] | None:
         """The body the route's handler takes (a form's file, or the whole body) and its parameters (the form's
         other fields, or the query string's); None if the client left. ClientError for a request refused here."""
-        limit = min(self.max_bytes, route.max_bytes()) if route.max_bytes else self.max_bytes
+        limit = min(self.max_bytes, route.max_bytes) if route.max_bytes else self.max_bytes
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -117,7 +119,8 @@ class FrontDoor:
         sent = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if sent not in route.media_types:
             accepted = " or ".join(sorted(t for t in route.media_types if t) or ["no Content-Type"])
-            raise ClientError(f"{scope['path']} takes {accepted}, not {sent or 'a body without a type'}", 415)
+            takes = route.takes or f"{scope['path']} takes {accepted}"
+            raise ClientError(f"{takes}, not {sent or 'a body without a type'}", 415)
         if not self.reading.free:
             raise ClientError("too many uploads in progress; retry shortly", 429, retry_after_s=1)
         deadline = self.body_deadlines.deadline()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from serve.endpoint import Endpoint
     from serve.service import ModelService
 
 
@@ -19,13 +20,16 @@ def _source(manifest: dict[str, Any], show_paths: bool) -> dict[str, Any]:
     return source
 
 
-def service_info(service: ModelService, version: str, protocol: dict[str, Any]) -> dict[str, Any]:
-    """What is being served, and on what (GET /info)."""
+def service_info(
+    service: ModelService, version: str, protocol: dict[str, Any], routes: list[Endpoint]
+) -> dict[str, Any]:
+    """What is being served, and on what (GET /info); `routes`: the served task's, which the page offers."""
     if service.unready is not None:
         return {"ready": False, "reason": service.unready, "version": version}
     config, m, task, lanes = service.config, service.manifest, service.task, service.lanes
     assert lanes is not None  # chosen at load, which a ready service has passed
-    model: dict[str, Any] = {"arch": m["arch"], "task": task.name, "signature": task.signature.to_dict()}
+    model: dict[str, Any] = {"arch": m["arch"], "task": task.name, "kind": task.kind}
+    model["signature"] = task.signature.to_dict()
     model |= task.info()
     model |= {
         "source": _source(m, config.show_paths),
@@ -48,5 +52,9 @@ def service_info(service: ModelService, version: str, protocol: dict[str, Any]) 
             "padded_to": service.padded_batch_sizes(),
         },
         "cpu": {"workers": config.workers, **lanes.describe()},
+        "routes": [
+            {"method": e.method, "path": e.path, "accepts": sorted(e.body.media_types) if e.body else []}
+            for e in routes
+        ],
         "protocol": protocol,
     }

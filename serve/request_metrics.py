@@ -19,6 +19,7 @@ import asyncio
 import functools
 import os
 import time
+from collections.abc import Container
 from dataclasses import dataclass
 from timeit import default_timer
 from typing import Any
@@ -97,7 +98,7 @@ class RequestMetrics:
     in progress, the last request's time) are written at most once per turn of the event loop, for every request
     that turn began or ended: at load, one write for many requests, at most one turn late."""
 
-    def __init__(self, app: Any, known_paths: frozenset[str]) -> None:
+    def __init__(self, app: Any, known_paths: Container[str]) -> None:
         self.app = app
         self.known_paths = known_paths
         self.children: dict[tuple[str, str, int], Any] = {}  # (metric, path, status) -> its labelled series

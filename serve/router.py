@@ -1,7 +1,7 @@
-"""The one router: every request, GET or POST, is matched against the route table (serve/routes.py) here and
-answered by its row's handler; only BentoML's own rows (its probes) go on to BentoML, and a path the table does
-not hold is a JSON 404. It is the innermost of handoff's middlewares, so the access log, the metrics and the
-API-key gate have seen the request first.
+"""The one router: every request, GET or POST, is matched against the route table (serve/endpoint.py's `RouteTable`:
+serve/routes.py's routes and the served task's) here and answered by its row's handler; only BentoML's own rows (its
+probes) go on to BentoML, and a path the table does not hold is a JSON 404. It is the innermost of handoff's
+middlewares, so the access log, the metrics and the API-key gate have seen the request first.
 
 For a row that takes a body, the front door (serve/front_door.py) reads and bounds it first and the request then
 holds a processing slot while it is answered. A handler answers with an `Answer`, or raises the one client error
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from contract.errors import ClientError
-from serve.endpoint import Answer, Endpoint, Incoming, plain_error
+from serve.endpoint import Answer, Endpoint, Incoming, RouteTable, plain_error
 from serve.front_door import FrontDoor, Receive, Scope, Send, json_error, query_params, send_json
 from serve.logs import CLIENT_ERROR, Repeats, client_error_args, printable
 from serve.refusal_pace import PACED, RefusalPace
@@ -27,13 +27,12 @@ from serve.refusal_pace import PACED, RefusalPace
 log = logging.getLogger("bentoml.handoff")
 refusals = Repeats(log)  # refusals for load, summarized
 pace = RefusalPace()  # and paced when they come faster than clients should send them
-Match = Callable[[str, str], tuple[Endpoint, dict[str, str]] | None]
 
 
 class Router:
-    def __init__(self, app: Callable[..., Awaitable[None]], match: Match, front_door: FrontDoor) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], routes: RouteTable, front_door: FrontDoor) -> None:
         self.app = app
-        self.match = match
+        self.routes = routes
         self.front_door = front_door
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -55,16 +54,14 @@ class Router:
             # let go before the answer, which may be paced (held by no slot, so bounded by no slot either).
             refused = err.with_traceback(None)
             refused.__context__ = None
-        found = self.match(scope["method"], scope["path"])  # matched again only for a refusal: its route's shape
+        found = self.routes.match(scope["method"], scope["path"])  # again only for a refusal: its route's shape
         body = found[0].error_body(refused) if found is not None else plain_error(refused)
         await send_error(scope, send, refused, body)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = self.match(scope["method"], scope["path"])
+        found = self.routes.match(scope["method"], scope["path"])
         if found is None:  # never reading a body it would not take
-            raise ClientError(
-                f"no route {scope['method']} {printable(scope['path'][:200])}: GET /docs.json lists them", 404
-            )
+            raise self.routes.unmatched(scope["method"], scope["path"])
         endpoint, path_params = found
         if endpoint.handler is None:  # BentoML's own probes
             return await _guarded(scope, send, lambda tracked: self.app(scope, receive, tracked))
@@ -84,6 +81,8 @@ class Router:
 async def _respond(endpoint: Endpoint, incoming: Incoming, send: Send) -> None:
     assert endpoint.handler is not None
     try:
+        if endpoint.admit is not None:
+            endpoint.admit()
         answer = await endpoint.handler(incoming)
     except ClientError as err:
         return await send_client_error(incoming.scope, send, err, endpoint.error_body)

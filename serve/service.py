@@ -8,7 +8,8 @@ HANDOFF_WORKERS, HANDOFF_MODEL_SHA256, HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATEN
 
 The service is thin: it loads the manifest (only bytes it vouches for are served), picks the task that serves the
 manifest's `task` (serve/tasks/), the runtime and the batcher. Every route, and who answers it, is one table
-(serve/routes.py), dispatched by one router (serve/router.py). BentoML is configured through its settings
+(serve/routes.py's routes every model has, and the served task's own, added as it loads), dispatched by one router
+(serve/router.py). BentoML is configured through its settings
 (SERVICE_CONFIG below); handoff's middlewares are called by uvicorn in front of BentoML's app (serve/front.py), or
 added to it with add_asgi_middleware where the user traces; serve/patches.py holds the two replacements of upstream
 code that have no public way in, each checked before the service reports ready.
@@ -40,7 +41,7 @@ from serve.config import ServeConfig
 from serve.connections import ConnectionLimits
 from serve.deadline import ResponseDeadline
 from serve.decode_pool import DecodePool
-from serve.endpoint import Answer, Incoming, RouteSchema, known_paths, open_paths, route_matcher
+from serve.endpoint import open_paths
 from serve.front import Front
 from serve.front_door import FrontDoor
 from serve.info import service_info
@@ -49,7 +50,7 @@ from serve.logs import install_log_filters
 from serve.oip import ProtocolSurface
 from serve.request_metrics import RequestMetrics
 from serve.router import Router
-from serve.routes import endpoints
+from serve.routes import route_table
 from serve.runtime import RuntimeUnavailable, load_runtime
 from serve.tasks import ServedTask, Serving, task_for
 from serve.tracing import service_tracing
@@ -71,7 +72,8 @@ CONNECTION_LIMITS = ConnectionLimits(
 )
 
 PROTOCOL = ProtocolSurface(CONFIG.model_name, VERSION, get_current_service)
-ROUTES = endpoints(PROTOCOL, "handoff", VERSION)  # every route the service answers: serve/routes.py
+# every route the service answers: serve/routes.py's, and the served task's once it has loaded (ModelService._load)
+ROUTES = route_table(PROTOCOL, lambda: get_current_service().describe(), "handoff", VERSION, CONFIG.model_name)
 # BentoML's settings: no metrics or access log of its own (handoff's middlewares below give both, cheaper and
 # bounded), no spans unless the user's configuration traces (serve/tracing.py), and no concurrency limit of
 # its own (its slot is taken before the body is read; the front door takes its own after).
@@ -105,11 +107,11 @@ class ModelService:
         except (ManifestError, RuntimeUnavailable, ValueError, OSError, BentoMLException) as err:
             self.load_failure = self._short(str(err))
             log.error("not ready: %s", err)
-            return
         except Exception as err:  # noqa: BLE001 - stay up and say why rather than crash-loop the worker
             self.load_failure = self._short(f"cannot load the model: {type(err).__name__}: {err}")
             log.exception("not ready")
-            return
+        if self.load_failure is not None:
+            ROUTES.failed(self.load_failure)  # the model's routes are unknown: every other path is a 503
 
     def _load(self) -> None:
         started = time.monotonic()
@@ -135,6 +137,7 @@ class ModelService:
             Serving(self.manifest, self.folder, self.runtime, CONFIG, self.decoders, self.batched)
         )
         self.task.warm_up()
+        ROUTES.serve(self.task.name, self.task.endpoints(), self.require_room)
         log.info(
             "ready in %.1fs: %s (%s) on %s (%s), %d lane(s) of %d thread(s), batches up to %d",
             time.monotonic() - started,
@@ -199,13 +202,6 @@ class ModelService:
             self.batcher.admit(1)
         return self
 
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        """A model route (/classify, /detect, /segment, /predict), answered by the task, or refused by it."""
-        self.require_room()
-        if route not in self.task.routes:
-            raise self.task.refuse(route)
-        return await self.task.answer(route, request)
-
     async def batched(self, rows: Any) -> Any:
         """The model's outputs for `rows` (the task's `run`), batched with every other request's."""
         if self.batcher is None:  # created on the server's event loop, at the first request
@@ -227,14 +223,6 @@ class ModelService:
                 raise failed.cause from None
             raise fault from None  # the client's input, named in a 400 and one log line
 
-    def max_body_bytes(self, route: str) -> int:
-        """The largest body worth reading for `route` (asked before it is read)."""
-        own = self.task.max_body_bytes(route) if self.not_ready is None else None
-        return CONFIG.max_body_bytes if own is None else own
-
-    def task_schemas(self) -> dict[str, RouteSchema]:
-        return self.task.schemas() if self.not_ready is None else {}
-
     def platform(self) -> str:
         """The model's platform as Triton names it."""
         return "pytorch_libtorch" if self.runtime.name == "torchscript" else "onnxruntime_onnx"
@@ -247,18 +235,18 @@ class ModelService:
 
     def describe(self) -> dict[str, Any]:
         """What is being served, and on what (GET /info)."""
-        return service_info(self, VERSION, PROTOCOL.describe())
+        return service_info(self, VERSION, PROTOCOL.describe(), ROUTES.task_rows)
 
 
 SERVICE: Any = ModelService  # the bentoml.Service the decorator made
 MIDDLEWARES: list[tuple[type, dict[str, Any]]] = [  # handoff's, outermost first
     *([(AccessLine, {})] if CONFIG.access_log else []),
-    (RequestMetrics, {"known_paths": known_paths(ROUTES, CONFIG.model_name)}),
-    (ApiKeyGate, {"keys": CONFIG.api_keys, "open_paths": open_paths(ROUTES, CONFIG.model_name)}),
+    (RequestMetrics, {"known_paths": ROUTES}),
+    (ApiKeyGate, {"keys": CONFIG.api_keys, "open_paths": open_paths(ROUTES.common, CONFIG.model_name)}),
     (
         Router,
         {
-            "match": route_matcher(ROUTES, CONFIG.model_name),
+            "routes": ROUTES,
             "front_door": FrontDoor(
                 CONFIG.max_body_bytes, CONFIG.max_concurrency, CONFIG.body_timeout_s, CONNECTION_LIMITS.effective_max()
             ),

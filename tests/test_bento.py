@@ -213,7 +213,7 @@ def test_the_kserve_manifest_matches_the_service(bento):
     readiness for the name it sets, only settings the service reads, one GPU, the autoscaler's bounds."""
     from serve.endpoint import open_paths
     from serve.oip import ProtocolSurface
-    from serve.routes import endpoints
+    from serve.routes import route_table
 
     (service,) = yaml.safe_load_all((ROOT / "deploy" / "kserve.yaml").read_text())
     assert service["kind"] == "InferenceService" and service["apiVersion"].startswith("serving.kserve.io/")
@@ -229,8 +229,9 @@ def test_the_kserve_manifest_matches_the_service(bento):
     assert set(env) <= set(SETTINGS), f"unknown settings {set(env) - set(SETTINGS)}"
     probe = container["readinessProbe"]["httpGet"]
     assert probe["port"] == port["containerPort"]
-    table = endpoints(ProtocolSurface(env["HANDOFF_MODEL_NAME"], "1", lambda: None), "handoff", "1")
-    assert probe["path"] in open_paths(table, env["HANDOFF_MODEL_NAME"]) and probe["path"].endswith("/ready")
+    name = env["HANDOFF_MODEL_NAME"]
+    table = route_table(ProtocolSurface(name, "1", lambda: None), dict, "handoff", "1", name)
+    assert probe["path"] in open_paths(table.common, name) and probe["path"].endswith("/ready")
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 

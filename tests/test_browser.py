@@ -122,7 +122,8 @@ def test_page_classifies_a_sentence_for_a_text_model(browser, text_run, tmp_path
         ]
         model_line = browser.find_element(By.ID, "model").text
     assert shown == [p["label"] for p in expected]
-    assert "DistilBertForSequenceClassification" in model_line and "2 labels" in model_line, model_line
+    assert "DistilBertForSequenceClassification" in model_line, model_line
+    assert "a text classifier, 2 classes" in model_line, model_line
 
 
 def page_with_photo(browser, export: Path, tmp_path: Path, route: str) -> tuple[list[list[str]], dict, dict, str]:

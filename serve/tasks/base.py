@@ -5,13 +5,15 @@ decode/predict/encode and KServe's preprocess/predict/postprocess, shaped to wha
 
     request --decode (a decoding thread)--> rows --the batcher (the model thread: `run`)--> outputs --> answer
 
-- `routes`: handoff's own POST routes it answers (`answer`), its main one first; any other is `refuse`d;
+- `endpoints`: its own routes (required): each row's path, media types, form fields, body limit, request and
+  answer schemas and its handler, a method of the task that the router calls directly (serve/router.py); the
+  service adds them to the routes every model has (serve/routes.py), so /docs.json lists this model's alone;
 - `run`: the model's call on a batch of rows, in the model thread (whatever is cheaper there than on the
   event loop, a softmax or a ranking, is done here);
 - `batch_shape`: which requests may share a call (serve/batch_shape.py; None: rows of one shape);
 - `protocol_tensors` and `infer`: the Open Inference Protocol's inputs and outputs, and its infer, on requests
   serve/oip_codec.py has parsed (through the same batcher: `Serving.batched`);
-- `info`: the task's fields of GET /info; `schemas`: its routes' request and answer schemas for /docs.json.
+- `info`: the task's fields of GET /info.
 
 A task never sees HTTP: it gets an `Incoming` (the body the front door read, its parameters) and gives an `Answer`,
 or raises the one client error (contract/errors.py) where the request is wrong.
@@ -19,6 +21,7 @@ or raises the one client error (contract/errors.py) where the request is wrong.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +35,9 @@ from serve.batch_shape import BatchShape
 from serve.batching import ModelFailed
 from serve.config import ServeConfig
 from serve.decode_pool import DecodePool
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import ERROR, HANDOFF, JSON_OBJECT, MODEL_ERRORS, Answer, Endpoint, Handler, Incoming, plain_error
 from serve.form import small_integer
+from serve.front_door import BodyRoute
 from serve.json_body import parse_json
 from serve.lanes import Lanes
 from serve.oip import ServedTensor, select_outputs
@@ -58,12 +62,13 @@ class Serving:
     """the model's outputs for some rows, batched with every other request's"""
 
 
-class ServedTask:
+class ServedTask(ABC):
     """The protocol, with the defaults most tasks keep. serve/tasks/__init__.py maps a manifest's task to its class."""
 
     name: ClassVar[str]
     """the manifest's `task`"""
-    routes: ClassVar[tuple[str, ...]] = ()
+    kind: ClassVar[str]
+    """what the model is, in words, for a person (GET /info, the page): a detector, a text classifier, ..."""
     runs_alone: ClassVar[bool] = False
     """each request's rows run in a call of their own (images of their own sizes): never padded to warm sizes"""
     batch_shape: BatchShape | None = None
@@ -80,12 +85,18 @@ class ServedTask:
         the manifest's verified bytes; None (the default): the service loads the signature's model, with lanes."""
         return None
 
+    @abstractmethod
+    def endpoints(self) -> list[Endpoint]:
+        """The routes this task answers, its main one first (each row's handler one of its methods)."""
+
     def run(self, rows: Rows) -> dict[str, np.ndarray]:
         """The model on a batch, in the model thread."""
         return self.serving.runtime.run_named(rows)
 
     def warm_up(self) -> None:
-        """Run the model once at load, where the shapes it will see are known, so the first request is not slow."""
+        """Run the model once at load, where the shapes it will see are known, so the first request is not slow
+        (by default nothing: a task whose shapes vary warms up at its first requests)."""
+        return None
 
     def trouble(self) -> str | None:
         """Why the task cannot answer now though it loaded (the readiness probes say it); None: it can."""
@@ -93,20 +104,6 @@ class ServedTask:
 
     def client_fault(self, failed: ModelFailed) -> ClientError | None:
         """The client's error when the model failed on one request's rows alone; None: the fault is the service's."""
-        return None
-
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        """One of `routes`, answered."""
-        raise NotImplementedError
-
-    def refuse(self, route: str) -> ClientError:
-        answered = " or ".join(f"POST {r}" for r in self.routes) or "the protocol's infer"
-        return ClientError(
-            f"{route} is not for this model (task {self.name}): send it to {answered}; see GET /info", 404
-        )
-
-    def max_body_bytes(self, route: str) -> int | None:
-        """A tighter limit than HANDOFF_MAX_BODY_MB on `route`'s body (None: that limit alone)."""
         return None
 
     def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
@@ -121,10 +118,6 @@ class ServedTask:
     def info(self) -> dict[str, Any]:
         """The task's own fields in GET /info's `model`."""
         return {"dynamic": self.manifest.get("dynamic", {})}
-
-    def schemas(self) -> dict[str, RouteSchema]:
-        """The task's own request and answer schemas, by route, for the OpenAPI document."""
-        return {}
 
     # Shared by the tasks that take tensors by name (any model, and a text model's token ids).
 
@@ -146,8 +139,8 @@ class ServedTask:
         check_answer_size(outputs, self.config.max_answer_numbers)
         return select_outputs(request, outputs, None)
 
-    def named_schemas(self) -> RouteSchema:
-        """/predict's body and answer for the signature's inputs and outputs by name."""
+    def predict_route(self) -> Endpoint:
+        """POST /predict for the signature's inputs and outputs by name (`predict_named`)."""
 
         def tensors(specs: Any) -> dict[str, Any]:
             return {
@@ -158,7 +151,46 @@ class ServedTask:
 
         body = {"type": "object", "properties": {"inputs": tensors(self.signature.inputs)}, "required": ["inputs"]}
         answer = {"type": "object", "properties": {"outputs": tensors(self.signature.outputs)}}
-        return RouteSchema({"application/json": {"schema": body}}, ("application/json", answer))
+        return json_route(
+            "/predict",
+            "the model's outputs by name for its inputs by name (token ids for a text model)",
+            self.predict_named,
+            body,
+            answer,
+        )
+
+
+def json_route(
+    path: str,
+    summary: str,
+    handler: Handler,
+    body: dict[str, Any],
+    answer: dict[str, Any] = JSON_OBJECT,
+    *,
+    max_bytes: int | None = None,
+    media_types: dict[str, dict[str, Any]] | None = None,
+    takes: str = "",
+    query: tuple[dict[str, Any], ...] = (),
+    error_body: Callable[[ClientError], dict[str, Any]] = plain_error,
+    error_schema: dict[str, Any] = ERROR,
+) -> Endpoint:
+    """A model's POST route that takes a JSON `body` (its schema), or the `media_types` given (their schemas), and
+    answers JSON; `max_bytes`: its own limit below HANDOFF_MAX_BODY_MB; `takes`: its 415's words."""
+    request = media_types or {"application/json": {"schema": body}}
+    return Endpoint(
+        "POST",
+        path,
+        summary,
+        HANDOFF,
+        handler,
+        BodyRoute(frozenset(request), max_bytes=max_bytes, takes=takes),
+        request=request,
+        query=query,
+        answer=("application/json", answer),
+        errors=MODEL_ERRORS,
+        error_body=error_body,
+        error_schema=error_schema,
+    )
 
 
 def only_params(params: dict[str, list[str]], allowed: set[str]) -> None:

@@ -22,19 +22,29 @@ from contract.errors import ClientError
 from contract.manifest import fast_decode_checked, fast_decode_passed, labels_of
 from contract.pil_transform import Preprocessor
 from contract.signature import TASK_IMAGE_CLASSIFICATION
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import Answer, Endpoint, Incoming
 from serve.json_body import float32_rows, max_json_bytes, parse_json
 from serve.oip import IMAGE_INPUT, ServedTensor
 from serve.oip_codec import InferRequest, OutputTensor
-from serve.tasks.base import ServedTask, Serving, checked_top_k, numeric_inputs, one_param, only_params
-from serve.tasks.images import RAW_IMAGE_TYPES, image_files
+from serve.tasks.base import (
+    ServedTask,
+    Serving,
+    checked_top_k,
+    json_route,
+    numeric_inputs,
+    one_param,
+    only_params,
+)
+from serve.tasks.images import TOP_K, image_files, image_route
 from serve.tasks.ranking import PREDICTIONS, classifier_outputs, predictions, ranked, with_probabilities
 from serve.tensor_inputs import model_inputs
+
+CLASSIFY_FIELDS = {"image": "file", "top_k": "integer"}  # the multipart form's fields, checked by the front door
 
 
 class ImageClassification(ServedTask):
     name = TASK_IMAGE_CLASSIFICATION
-    routes = ("/classify", "/predict")
+    kind = "an image classifier"
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
@@ -52,18 +62,45 @@ class ImageClassification(ServedTask):
         for size in self.config.batch_buckets():
             self.serving.runtime(np.zeros((size, *self.input_shape), dtype=np.float32))
 
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        if route == "/predict":
-            only_params(request.params, set())
-            batch = await self.serving.decoders.run(self._parse_predict, request.body)
-            outputs = await self.serving.batched(batch)
-            return Answer({"logits": outputs["logits"].tolist(), "probabilities": outputs["probabilities"].tolist()})
-        if request.content_type not in RAW_IMAGE_TYPES and request.content_type != "multipart/form-data":
-            raise ClientError(
-                f"/classify with {request.content_type}: this model classifies images, sent as multipart/form-data "
-                "(field image) or as the image itself (image/jpeg, image/png, image/webp, image/bmp, image/gif)",
-                415,
-            )
+    def endpoints(self) -> list[Endpoint]:
+        rows = {"type": "array", "description": f"N x {' x '.join(map(str, self.input_shape))} numbers, preprocessed"}
+        tensor = {
+            "type": "object",
+            "properties": {"tensor": rows},
+            "required": ["tensor"],
+            "additionalProperties": False,
+        }
+        scores = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
+        logits = {"type": "object", "properties": {"logits": scores, "probabilities": scores}}
+        return [
+            image_route(
+                "/classify",
+                "classes, best first: an image (a multipart form with `image` and `top_k`, or the image as the body)",
+                self.classify,
+                ("application/json", PREDICTIONS),
+                CLASSIFY_FIELDS,
+                query=({"name": "top_k", "in": "query", "required": False, "schema": TOP_K},),
+            ),
+            json_route(
+                "/predict",
+                "a preprocessed tensor's logits and probabilities",
+                self.predict,
+                tensor,
+                logits,
+                # a full batch of this model's input, as JSON text
+                max_bytes=max_json_bytes(self.config.max_batch_size, self.input_shape),
+            ),
+        ]
+
+    async def predict(self, request: Incoming) -> Answer:
+        """POST /predict: `{"tensor": N x C x H x W}` -> the logits and probabilities."""
+        only_params(request.params, set())
+        batch = await self.serving.decoders.run(self._parse_predict, request.body)
+        outputs = await self.serving.batched(batch)
+        return Answer({"logits": outputs["logits"].tolist(), "probabilities": outputs["probabilities"].tolist()})
+
+    async def classify(self, request: Incoming) -> Answer:
+        """POST /classify: an image -> its top_k classes, best first."""
         only_params(request.params, {"top_k"})
         top_k = checked_top_k(one_param(request.params, "top_k", "5"))
         array = await self.serving.decoders.run(self._prepare, request.body)
@@ -78,10 +115,6 @@ class ImageClassification(ServedTask):
         if not isinstance(document, dict) or set(document) != {"tensor"}:
             raise ClientError('expected a JSON object with one key, "tensor": {"tensor": [[[[...]]]]}')
         return float32_rows(document["tensor"], "tensor", self.input_shape, self.config.max_batch_size)
-
-    def max_body_bytes(self, route: str) -> int | None:
-        """/predict: a full batch of this model's input, as JSON text."""
-        return max_json_bytes(self.config.max_batch_size, self.input_shape) if route == "/predict" else None
 
     def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
         (model_input,), outputs = super().protocol_tensors()
@@ -126,22 +159,3 @@ class ImageClassification(ServedTask):
             "check": fast_decode_checked(self.manifest),
         }
         return fields | {"labels": self.labels, "decode": decode}
-
-    def schemas(self) -> dict[str, RouteSchema]:
-        rows = {"type": "array", "description": f"N x {' x '.join(map(str, self.input_shape))} numbers, preprocessed"}
-        tensor = {
-            "type": "object",
-            "properties": {"tensor": rows},
-            "required": ["tensor"],
-            "additionalProperties": False,
-        }
-        scores = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
-        answer = {"type": "object", "properties": {"logits": scores, "probabilities": scores}}
-        binary = {"type": "string", "format": "binary"}
-        top_k = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}
-        form = {"type": "object", "properties": {"image": binary, "top_k": top_k}, "required": ["image"]}
-        images = {"multipart/form-data": {"schema": form}, **{t: {"schema": binary} for t in RAW_IMAGE_TYPES}}
-        return {
-            "/classify": RouteSchema(images, ("application/json", PREDICTIONS)),
-            "/predict": RouteSchema({"application/json": {"schema": tensor}}, ("application/json", answer)),
-        }

@@ -10,11 +10,50 @@ from typing import Any
 import numpy as np
 
 from contract.errors import ClientError
+from serve.endpoint import HANDOFF, MODEL_ERRORS, Endpoint, Handler
+from serve.front_door import MULTIPART, BodyRoute
 from serve.oip import IMAGE_INPUT
 from serve.oip_codec import InferRequest
 from serve.tensor_inputs import check_rows
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif")
+BINARY = {"type": "string", "format": "binary"}
+TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}
+FIELD_SCHEMAS = {"file": BINARY, "integer": TOP_K}  # a form's one integer is top_k
+IMAGE_FIELDS = {"image": "file"}  # the form of a route that takes an image and nothing else
+
+
+def image_route(
+    path: str,
+    summary: str,
+    handler: Handler,
+    answer: tuple[str, dict[str, Any]],
+    form_fields: dict[str, str],
+    query: tuple[dict[str, Any], ...] = (),
+) -> Endpoint:
+    """A model's POST route that takes one image: a multipart form (its file field `image`, and `form_fields`'
+    others) or the image itself as the body."""
+    form = {
+        "type": "object",
+        "properties": {name: FIELD_SCHEMAS[kind] for name, kind in form_fields.items()},
+        "required": [name for name, kind in form_fields.items() if kind == "file"],
+    }
+    takes = (
+        f"{path} takes an image: a multipart/form-data form (field image) or the image itself "
+        f"({', '.join(RAW_IMAGE_TYPES)})"
+    )
+    return Endpoint(
+        "POST",
+        path,
+        summary,
+        HANDOFF,
+        handler,
+        BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), form_fields, takes=takes),
+        request={MULTIPART: {"schema": form}, **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES}},
+        query=query,
+        answer=answer,
+        errors=MODEL_ERRORS,
+    )
 
 
 def image_files(request: InferRequest, max_rows: int) -> list[bytes]:

@@ -52,11 +52,11 @@ from contract.instances import (
 from contract.manifest import labels_of
 from contract.pil_transform import Preprocessor
 from contract.signature import TASK_OBJECT_DETECTION
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import Answer, Endpoint, Incoming
 from serve.oip import IMAGE_INPUT, ServedTensor, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.tasks.base import ServedTask, Serving, only_params
-from serve.tasks.images import OneImageEach, each_image
+from serve.tasks.images import IMAGE_FIELDS, OneImageEach, each_image, image_route
 
 SMALL_ENOUGH = 2  # an upload of up to twice the model's input pixels goes to the graph as it is
 # A mask is pasted at the upload's pixels where its box covers at most this many (a 28 x 28 mask holds no more
@@ -153,7 +153,7 @@ class ObjectDetection(ServedTask):
     """A detector's labels, settings and decoding, from its manifest."""
 
     name = TASK_OBJECT_DETECTION
-    routes = ("/detect",)
+    kind = "a detector"
     runs_alone = True
 
     def __init__(self, serving: Serving) -> None:
@@ -187,8 +187,20 @@ class ObjectDetection(ServedTask):
         pixels = resize_like_torch(np.asarray(image), *target)
         return {"image": pixels[None]}, Frame((height, width), target)
 
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        """/detect: one image, the multipart form's file or a raw body's bytes."""
+    def endpoints(self) -> list[Endpoint]:
+        return [
+            image_route(
+                "/detect",
+                "a detector's detections, best first, boxes in the image's pixels: an image (a multipart form with "
+                "`image`, or the image as the body)",
+                self.detect,
+                ("application/json", DETECTIONS),
+                IMAGE_FIELDS,
+            )
+        ]
+
+    async def detect(self, request: Incoming) -> Answer:
+        """POST /detect: one image, the multipart form's file or a raw body's bytes."""
         only_params(request.params, set())
         rows, frame = await self.serving.decoders.run(self.prepare, request.body)
         outputs = await self.serving.batched(rows)
@@ -259,6 +271,3 @@ class ObjectDetection(ServedTask):
 
     def info(self) -> dict[str, Any]:
         return super().info() | {"labels": self.labels, "detection": self.settings}
-
-    def schemas(self) -> dict[str, RouteSchema]:
-        return {"/detect": RouteSchema(answer=("application/json", DETECTIONS))}

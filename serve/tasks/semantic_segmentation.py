@@ -32,11 +32,11 @@ from contract.errors import ClientError
 from contract.manifest import labels_of
 from contract.pil_transform import Preprocessor
 from contract.signature import TASK_SEMANTIC_SEGMENTATION
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import Answer, Endpoint, Incoming
 from serve.oip import IMAGE_INPUT, ServedTensor, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.tasks.base import ServedTask, Serving, only_params
-from serve.tasks.images import OneImageEach, each_image
+from serve.tasks.images import BINARY, IMAGE_FIELDS, OneImageEach, each_image, image_route
 
 SEGMENT_FORMATS = ("png", "json")
 MODEL_PHOTOS = 4  # an image's pixels at the model's size, in 4:3 photos resized to its shorter side
@@ -62,7 +62,7 @@ class SemanticSegmentation(ServedTask):
     """A segmenter's labels, resize and decoding, from its manifest."""
 
     name = TASK_SEMANTIC_SEGMENTATION
-    routes = ("/segment",)
+    kind = "a segmenter"
     runs_alone = True
 
     def __init__(self, serving: Serving) -> None:
@@ -78,8 +78,21 @@ class SemanticSegmentation(ServedTask):
         """In the model thread: each pixel's best class (N x H x W), not the logits, goes back to the loop."""
         return {"classes": self.serving.runtime.run_named(rows)["logits"].argmax(axis=1).astype(np.int32)}
 
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        """/segment: one image's mask as a PNG (`?format=png`, the default), or the classes it holds (`json`)."""
+    def endpoints(self) -> list[Endpoint]:
+        return [
+            image_route(
+                "/segment",
+                "a segmenter's class per pixel, as a PNG of class indices in the image's size (`?format=json`: the "
+                "classes present and their share): an image (a multipart form with `image`, or the image as the body)",
+                self.segment,
+                ("image/png", BINARY),
+                IMAGE_FIELDS,
+                query=({"name": "format", "in": "query", "required": False, "schema": {"enum": [*SEGMENT_FORMATS]}},),
+            )
+        ]
+
+    async def segment(self, request: Incoming) -> Answer:
+        """POST /segment: one image's mask as a PNG (`?format=png`, the default), or the classes it holds (`json`)."""
         params = request.params | request.query  # a form's request has both
         only_params(params, {"format"})
         form = params.get("format", ["png"])[-1]
@@ -177,6 +190,3 @@ class SemanticSegmentation(ServedTask):
 
     def info(self) -> dict[str, Any]:
         return super().info() | {"labels": self.labels, "segmentation": self.settings}
-
-    def schemas(self) -> dict[str, RouteSchema]:
-        return {"/segment": RouteSchema(answer=("image/png", {"type": "string", "format": "binary"}))}

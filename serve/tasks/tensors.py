@@ -14,32 +14,21 @@ from __future__ import annotations
 from contract.errors import ClientError
 from contract.signature import TASK_TENSORS
 from serve.batching import ModelFailed
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import Endpoint
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.tasks.base import ServedTask
 
 
 class Tensors(ServedTask):
     name = TASK_TENSORS
-    routes = ("/predict",)
+    kind = "any model"
 
     def client_fault(self, failed: ModelFailed) -> ClientError | None:
         names = ", ".join(t.name for t in self.signature.inputs)
         return ClientError(f"the model could not run on these inputs ({names}): {failed.first_line()}")
 
-    def refuse(self, route: str) -> ClientError:
-        names = ", ".join(t.name for t in self.signature.inputs)
-        return ClientError(
-            f"{route} is not for this model: it takes {names}: POST /predict "
-            f'{{"inputs": {{...}}}} or /v2/models/{self.config.model_name}/infer',
-            404,
-        )
-
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        return await self.predict_named(request)
+    def endpoints(self) -> list[Endpoint]:
+        return [self.predict_route()]
 
     async def infer(self, request: InferRequest) -> list[OutputTensor]:
         return await self.infer_named(request)
-
-    def schemas(self) -> dict[str, RouteSchema]:
-        return {"/predict": self.named_schemas()}

@@ -21,7 +21,7 @@ holds at most `max_tokens` padded tokens.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -29,10 +29,11 @@ from contract.errors import ClientError
 from contract.manifest import labels_of
 from contract.signature import TASK_TEXT_CLASSIFICATION
 from contract.tokenizer_spec import Encoded
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import Answer, Endpoint, Incoming
 from serve.oip import ServedTensor
 from serve.oip_codec import InferRequest, OutputTensor
-from serve.tasks.base import Serving, checked_top_k
+from serve.tasks.base import Serving, checked_top_k, json_route
+from serve.tasks.images import TOP_K
 from serve.tasks.ranking import (
     CLASSIFIER_OUTPUTS,
     PREDICTIONS,
@@ -41,14 +42,14 @@ from serve.tasks.ranking import (
     ranked,
     with_probabilities,
 )
-from serve.tasks.texts import TEXT_TYPES, TextTask, checked_text, text_of_body
+from serve.tasks.texts import TextTask, checked_text, text_bodies, text_of_body
 
 
 class TextClassification(TextTask):
     """A text classifier's labels, beside what every text task has."""
 
     name = TASK_TEXT_CLASSIFICATION
-    routes: ClassVar[tuple[str, ...]] = ("/classify", "/predict")
+    kind = "a text classifier"
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
@@ -59,13 +60,30 @@ class TextClassification(TextTask):
     def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return ranked(self.serving.runtime.run_named(rows)["logits"], self.scores)
 
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        """/classify: a text, `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`), tokenized (on the event loop
-        if short, else in a decoding thread: TextTask.tokenized); /predict: token ids by name, as any model's inputs."""
-        if route == "/predict":
-            return await self.predict_named(request)
-        if request.content_type not in TEXT_TYPES:
-            raise ClientError(f"this model classifies text: send {self.body_example} (application/json)", 415)
+    def endpoints(self) -> list[Endpoint]:
+        text = {
+            "type": "object",
+            "properties": {"text": {"type": "string"}, "text_pair": {"type": "string"}, "top_k": TOP_K},
+            "required": ["text"],
+            "additionalProperties": False,
+        }
+        answer = {**PREDICTIONS, "properties": {**PREDICTIONS["properties"], "truncated": {"type": "boolean"}}}
+        classify = json_route(
+            "/classify",
+            'classes, best first, for a text: {"text": ..., "top_k": K} or text/plain (?top_k=K); a pair model\'s '
+            '{"text": ..., "text_pair": ...}',
+            self.classify,
+            text,
+            answer,
+            media_types=text_bodies(text),
+            takes=f"this model classifies text: send {self.body_example} (application/json)",
+            query=({"name": "top_k", "in": "query", "required": False, "schema": TOP_K},),
+        )
+        return [classify, self.predict_route()]
+
+    async def classify(self, request: Incoming) -> Answer:
+        """POST /classify: a text, `{"text": "...", "top_k": K}` or text/plain (`?top_k=K`), tokenized (on the event
+        loop if short, else in a decoding thread: TextTask.tokenized)."""
         encoded, top_k = await self.tokenized(
             len(request.body), self.encode_body, request.body, request.content_type, request.params
         )
@@ -117,18 +135,3 @@ class TextClassification(TextTask):
 
     def info(self) -> dict[str, Any]:
         return super().info() | {"labels": self.labels, "scores": self.scores, "tokenizer": self.manifest["tokenizer"]}
-
-    def schemas(self) -> dict[str, RouteSchema]:
-        text = {
-            "type": "object",
-            "properties": {
-                "text": {"type": "string"},
-                "text_pair": {"type": "string"},
-                "top_k": {"type": "integer", "minimum": 1, "maximum": 1000},
-            },
-            "required": ["text"],
-            "additionalProperties": False,
-        }
-        request = {"application/json": {"schema": text}, "text/plain": {"schema": {"type": "string"}}}
-        answer = {**PREDICTIONS, "properties": {**PREDICTIONS["properties"], "truncated": {"type": "boolean"}}}
-        return {"/classify": RouteSchema(request, ("application/json", answer)), "/predict": self.named_schemas()}

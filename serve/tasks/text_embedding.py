@@ -32,11 +32,11 @@ from contract.errors import ClientError
 from contract.prompts import Prompts
 from contract.signature import TASK_TEXT_EMBEDDING
 from contract.tokenizer_spec import MASK, Encoded
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import Answer, Endpoint, Incoming
 from serve.json_body import parse_json
 from serve.oip import select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
-from serve.tasks.base import Serving, only_params
+from serve.tasks.base import Serving, json_route, only_params
 from serve.tasks.texts import TextTask, checked_text
 from serve.tensor_inputs import check_rows
 
@@ -48,18 +48,81 @@ TEXTS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "stri
 
 class TextEmbedding(TextTask):
     name = TASK_TEXT_EMBEDDING
-    routes = ("/embed", "/v1/embeddings", "/predict")
+    kind = "a sentence encoder"
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
         self.embedding: dict[str, Any] = self.manifest["embedding"]
         self.prompts = Prompts.read(self.embedding, "the manifest's embedding")
 
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        if route == "/predict":
-            return await self.predict_named(request)
+    def endpoints(self) -> list[Endpoint]:
+        embed = {
+            "type": "object",
+            "properties": {
+                "inputs": TEXTS,
+                "normalize": {"type": "boolean"},
+                "truncate": {"type": "boolean"},
+                "prompt_name": PROMPT_NAME,
+            },
+            "required": ["inputs"],
+            "additionalProperties": False,
+        }
+        openai = {
+            "type": "object",
+            "properties": {
+                "input": TEXTS,
+                "model": {"type": "string"},
+                "encoding_format": {"enum": list(ENCODINGS)},
+                "dimensions": {"type": "integer"},
+                "user": {"type": "string"},
+                "prompt_name": PROMPT_NAME,
+            },
+            "required": ["input"],
+            "additionalProperties": False,
+        }
+        item = {
+            "type": "object",
+            "properties": {"object": {"type": "string"}, "index": {"type": "integer"}, "embedding": {}},
+        }
+        listed = {
+            "type": "object",
+            "properties": {"object": {"type": "string"}, "data": {"type": "array", "items": item}},
+        }
+        return [
+            json_route(
+                "/embed",
+                "a sentence encoder's vectors, as text-embeddings-inference answers: "
+                '{"inputs": text or [texts], "normalize": true, "truncate": false} -> [[...], ...]',
+                self.embed,
+                embed,
+                VECTORS,
+            ),
+            json_route(
+                "/v1/embeddings",
+                "a sentence encoder's vectors, as OpenAI's embeddings API answers: "
+                '{"input": text or [texts], "model": ...} -> {"object": "list", "data": [...], "usage": ...}',
+                self.openai_embeddings,
+                openai,
+                listed,
+            ),
+            self.predict_route(),
+        ]
+
+    async def embed(self, request: Incoming) -> Answer:
+        """POST /embed: text-embeddings-inference's request and answer."""
+        _, vectors, _ = await self._vectors(request, self._embed_request)
+        return Answer(orjson.dumps(np.ascontiguousarray(vectors, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY))
+
+    async def openai_embeddings(self, request: Incoming) -> Answer:
+        """POST /v1/embeddings: OpenAI's request and answer."""
+        options, vectors, encoded = await self._vectors(request, self._openai_request)
+        return Answer(self._openai_answer(vectors, encoded, options["encoding_format"], options["model"]))
+
+    async def _vectors(
+        self, request: Incoming, parse: Callable[[bytes], tuple[list[str], dict[str, Any]]]
+    ) -> tuple[dict[str, Any], np.ndarray, Encoded]:
+        """The request's options (read by `parse`), its texts' vectors (normalized where asked) and their tokens."""
         only_params(request.params, set())
-        parse = self._embed_request if route == "/embed" else self._openai_request
         options, encoded = await self.tokenized(len(request.body), self._encode_request, parse, request.body)
         if not options["truncate"] and any(encoded.truncated):
             first = encoded.truncated.index(True)
@@ -71,11 +134,7 @@ class TextEmbedding(TextTask):
         vectors = (await self.serving.batched(encoded.rows))["embeddings"]
         if options["normalize"] and not self.embedding["normalized"]:
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        if route == "/embed":
-            return Answer(
-                orjson.dumps(np.ascontiguousarray(vectors, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY)
-            )
-        return Answer(self._openai_answer(vectors, encoded, options["encoding_format"], options["model"]))
+        return options, vectors, encoded
 
     def _encode_request(
         self, parse: Callable[[bytes], tuple[list[str], dict[str, Any]]], body: bytes
@@ -159,45 +218,6 @@ class TextEmbedding(TextTask):
 
     def info(self) -> dict[str, Any]:
         return super().info() | {"embedding": self.embedding, "tokenizer": self.manifest["tokenizer"]}
-
-    def schemas(self) -> dict[str, RouteSchema]:
-        embed = {
-            "type": "object",
-            "properties": {
-                "inputs": TEXTS,
-                "normalize": {"type": "boolean"},
-                "truncate": {"type": "boolean"},
-                "prompt_name": PROMPT_NAME,
-            },
-            "required": ["inputs"],
-            "additionalProperties": False,
-        }
-        openai = {
-            "type": "object",
-            "properties": {
-                "input": TEXTS,
-                "model": {"type": "string"},
-                "encoding_format": {"enum": list(ENCODINGS)},
-                "dimensions": {"type": "integer"},
-                "user": {"type": "string"},
-                "prompt_name": PROMPT_NAME,
-            },
-            "required": ["input"],
-            "additionalProperties": False,
-        }
-        item = {
-            "type": "object",
-            "properties": {"object": {"type": "string"}, "index": {"type": "integer"}, "embedding": {}},
-        }
-        listed = {
-            "type": "object",
-            "properties": {"object": {"type": "string"}, "data": {"type": "array", "items": item}},
-        }
-        return {
-            "/embed": RouteSchema({"application/json": {"schema": embed}}, ("application/json", VECTORS)),
-            "/v1/embeddings": RouteSchema({"application/json": {"schema": openai}}, ("application/json", listed)),
-            "/predict": self.named_schemas(),
-        }
 
 
 def _prompt_name(document: dict[str, Any]) -> str | None:

@@ -18,13 +18,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from contract.errors import ClientError
 from contract.generation import GenerationSettings, Message, PromptTokenizer, TemplateError
 from contract.signature import TASK_TEXT_GENERATION
 from serve.config import ServeConfig
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import HANDOFF, Answer, Endpoint, Incoming
 from serve.front_door import Receive
 from serve.generation import Piece
 from serve.generation_engine import Generation, GenerationEngine, Generations
@@ -34,8 +34,10 @@ from serve.oip import ServedTensor
 from serve.oip_codec import InferRequest, OutputTensor
 from serve.openai_api import (
     DONE,
+    ERROR_SCHEMA,
     Common,
     Reply,
+    error_body,
     error_event,
     models_list,
     parse_common,
@@ -43,7 +45,7 @@ from serve.openai_api import (
     parse_prompt,
 )
 from serve.runtime import Runtime
-from serve.tasks.base import ServedTask, Serving
+from serve.tasks.base import ServedTask, Serving, json_route
 
 CHAT, COMPLETIONS, MODELS = "/v1/chat/completions", "/v1/completions", "/v1/models"
 BODY_BYTES_PER_TOKEN = 64  # an empty message, `{"role": "assistant", "content": ""}, `, or a token id and its comma
@@ -52,7 +54,7 @@ BODY_SLACK = 64 * 1024  # the request's other fields: sampling, stop strings, th
 
 class TextGeneration(ServedTask):
     name = TASK_TEXT_GENERATION
-    routes: ClassVar[tuple[str, ...]] = (CHAT, COMPLETIONS, MODELS)
+    kind = "a language model"
 
     @classmethod
     def own_runtime(cls, config: ServeConfig, folder: Path, manifest: dict[str, Any]) -> tuple[Lanes, Runtime]:
@@ -73,11 +75,58 @@ class TextGeneration(ServedTask):
         self.request_defaults["repetition_penalty"] = self.settings.repetition_penalty
         self.created = int(time.time())
 
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        """A route's answer; its errors are written in OpenAI's body by the route table's rows (serve/routes.py)."""
-        if route == MODELS:
-            return Answer(models_list(self.config.model_name, self.settings.context_length, self.created))
-        return await self._complete(route == CHAT, request)
+    def endpoints(self) -> list[Endpoint]:
+        """OpenAI's routes, their errors in OpenAI's body; a body is bounded by what the context can take."""
+        messages = {"type": "array", "items": {"type": "object", "required": ["role", "content"]}}
+        numbers = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
+        common = {name: {"type": "number"} for name in numbers}
+        common |= {"stop": {}, "stream": {"type": "boolean"}, "model": {"type": "string"}}
+        chat = {"type": "object", "properties": {"messages": messages, **common}, "required": ["messages"]}
+        completion = {"type": "object", "properties": {"prompt": {}, **common}, "required": ["prompt"]}
+        return [
+            json_route(
+                CHAT,
+                "a language model's reply to a chat, as OpenAI's (and vLLM's) chat completions answer: "
+                '{"messages": [...], "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}',
+                self.chat,
+                chat,
+                max_bytes=self.max_body_bytes,
+                error_body=error_body,
+                error_schema=ERROR_SCHEMA,
+            ),
+            json_route(
+                COMPLETIONS,
+                "a language model's completion of a prompt, as OpenAI's (and vLLM's) completions answer: "
+                '{"prompt": text or token ids, "max_tokens", ...as the chat\'s}',
+                self.complete,
+                completion,
+                max_bytes=self.max_body_bytes,
+                error_body=error_body,
+                error_schema=ERROR_SCHEMA,
+            ),
+            Endpoint(
+                "GET",
+                MODELS,
+                "the model served, as OpenAI's API lists models",
+                HANDOFF,
+                self.models,
+                errors=(404, 503),
+                error_body=error_body,
+                error_schema=ERROR_SCHEMA,
+            ),
+        ]
+
+    async def models(self, request: Incoming) -> Answer:
+        """GET /v1/models."""
+        return Answer(models_list(self.config.model_name, self.settings.context_length, self.created))
+
+    async def chat(self, request: Incoming) -> Answer:
+        """POST /v1/chat/completions."""
+        return await self._complete(True, request)
+
+    async def complete(self, request: Incoming) -> Answer:
+        """POST /v1/completions."""
+        return await self._complete(False, request)
 
     async def _complete(self, chat: bool, request: Incoming) -> Answer:
         body = parse_json(request.body)
@@ -157,20 +206,16 @@ class TextGeneration(ServedTask):
             raise ClientError(f"prompt: token ids must be between 0 and {vocab - 1}")
         return prompt
 
-    def max_body_bytes(self, route: str) -> int | None:
+    @property
+    def max_body_bytes(self) -> int:
         """The most a chat or a prompt the context can take needs as JSON: its characters (HANDOFF_MAX_TEXT_CHARS)
         escaped, 6 bytes each at most, and for each token of the context a message's fields or a token id's digits;
         a larger body is refused at the door (413) before it is read whole or parsed."""
-        if route not in (CHAT, COMPLETIONS):
-            return None
         needed = 6 * self.config.max_text_chars + BODY_BYTES_PER_TOKEN * self.settings.context_length + BODY_SLACK
         return min(self.config.max_body_bytes, needed)
 
     def trouble(self) -> str | None:
         return self.generations.engine.failure
-
-    def refuse(self, route: str) -> ClientError:
-        return ClientError(f"{route} is not for a language model: send POST {CHAT} or {COMPLETIONS}", 404)
 
     def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
         return [ServedTensor("text_input", "BYTES", (-1,))], [ServedTensor("text_output", "BYTES", (-1,))]
@@ -187,18 +232,6 @@ class TextGeneration(ServedTask):
                 "max_generations": self.generations.limit,
                 "running": self.generations.running,
             }
-        }
-
-    def schemas(self) -> dict[str, RouteSchema]:
-        messages = {"type": "array", "items": {"type": "object", "required": ["role", "content"]}}
-        numbers = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
-        common = {name: {"type": "number"} for name in numbers}
-        common |= {"stop": {}, "stream": {"type": "boolean"}, "model": {"type": "string"}}
-        chat = {"type": "object", "properties": {"messages": messages, **common}, "required": ["messages"]}
-        completion = {"type": "object", "properties": {"prompt": {}, **common}, "required": ["prompt"]}
-        return {
-            CHAT: RouteSchema({"application/json": {"schema": chat}}),
-            COMPLETIONS: RouteSchema({"application/json": {"schema": completion}}),
         }
 
 

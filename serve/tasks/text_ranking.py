@@ -22,9 +22,9 @@ from contract.errors import ClientError
 from contract.scores import SCORE_FUNCTIONS
 from contract.signature import TASK_TEXT_RANKING
 from contract.tokenizer_spec import Encoded
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import Answer, Endpoint, Incoming
 from serve.json_body import parse_json
-from serve.tasks.base import only_params
+from serve.tasks.base import json_route, only_params
 from serve.tasks.text_classification import TextClassification
 from serve.tasks.texts import checked_text
 from serve.tensor_inputs import check_rows
@@ -34,16 +34,15 @@ RERANK_OPTIONS = ("raw_scores", "return_text", "truncate")
 
 class TextRanking(TextClassification):
     name = TASK_TEXT_RANKING
-    routes = ("/rerank", "/classify", "/predict")
+    kind = "a cross-encoder"
 
     @property
     def rerank_scores(self) -> str:
         """How /rerank scores a logit: as the folder's CrossEncoder does (its activation; the sigmoid by default)."""
         return str(self.manifest.get("rerank_scores", "sigmoid"))
 
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        if route != "/rerank":
-            return await super().answer(route, request)
+    async def rerank(self, request: Incoming) -> Answer:
+        """POST /rerank: text-embeddings-inference's request and answer."""
         only_params(request.params, set())
         options, texts, encoded = await self.tokenized(len(request.body), self._rerank_request, request.body)
         if not options["truncate"] and any(encoded.truncated):
@@ -83,7 +82,7 @@ class TextRanking(TextClassification):
         texts = [checked_text(text, self.max_chars, f"texts[{i}]") for i, text in enumerate(texts)]
         return options, texts, self.tokenizer.encode_pairs([(query, text) for text in texts])
 
-    def schemas(self) -> dict[str, RouteSchema]:
+    def endpoints(self) -> list[Endpoint]:
         rerank = {
             "type": "object",
             "properties": {
@@ -100,6 +99,13 @@ class TextRanking(TextClassification):
             "required": ["index", "score"],
         }
         ranks = {"type": "array", "items": rank}
-        return super().schemas() | {
-            "/rerank": RouteSchema({"application/json": {"schema": rerank}}, ("application/json", ranks))
-        }
+        own = json_route(
+            "/rerank",
+            "a cross-encoder's texts ranked by their relevance to a query, as text-embeddings-inference answers: "
+            '{"query": ..., "texts": [...], "raw_scores": false, "return_text": false, "truncate": false} -> '
+            '[{"index": i, "score": s}, ...], best first',
+            self.rerank,
+            rerank,
+            ranks,
+        )
+        return [own, *super().endpoints()]

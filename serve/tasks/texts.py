@@ -21,6 +21,13 @@ from serve.tensor_inputs import check_rows
 T = TypeVar("T")
 
 TEXT_TYPES = ("application/json", "text/plain")  # the bodies a text is sent in
+
+
+def text_bodies(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The OpenAPI bodies of a route that takes one text: a JSON object (`schema`) or the text as text/plain."""
+    return {"application/json": {"schema": schema}, "text/plain": {"schema": {"type": "string"}}}
+
+
 PADDED_SHARE = 0.25  # a call's padding at most a quarter of its real tokens
 INLINE_TEXT_BYTES = 1024
 """a request body up to this size is read and tokenized on the event loop: ~0.07 ms for a text of 64 words, ~0.6 ms

@@ -28,11 +28,11 @@ from contract.manifest import labels_of
 from contract.scores import softmax
 from contract.signature import TASK_TOKEN_CLASSIFICATION
 from contract.tokenizer_spec import Encoded
-from serve.endpoint import Answer, Incoming, RouteSchema
+from serve.endpoint import Answer, Endpoint, Incoming
 from serve.oip import ServedTensor, select_outputs
 from serve.oip_codec import InferRequest, OutputTensor
-from serve.tasks.base import Serving
-from serve.tasks.texts import TEXT_TYPES, TextTask, text_of_body
+from serve.tasks.base import Serving, json_route
+from serve.tasks.texts import TextTask, text_bodies, text_of_body
 
 AGGREGATIONS = ("simple", "none")
 IGNORED = "O"  # the label of a token outside every entity, left out as the pipeline leaves it out
@@ -40,7 +40,7 @@ IGNORED = "O"  # the label of a token outside every entity, left out as the pipe
 
 class TokenClassification(TextTask):
     name = TASK_TOKEN_CLASSIFICATION
-    routes = ("/classify", "/predict")
+    kind = "a token classifier"
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
@@ -52,13 +52,41 @@ class TokenClassification(TextTask):
         logits = self.serving.runtime.run_named(rows)["logits"]
         return {"logits": logits, "probabilities": softmax(logits)}
 
-    async def answer(self, route: str, request: Incoming) -> Answer:
-        if route == "/predict":
-            return await self.predict_named(request)
-        if request.content_type not in TEXT_TYPES:
-            raise ClientError(
-                'this model finds entities in text: send {"text": "..."} (application/json) or text/plain', 415
-            )
+    def endpoints(self) -> list[Endpoint]:
+        text = {
+            "type": "object",
+            "properties": {"text": {"type": "string"}, "aggregation": {"enum": list(AGGREGATIONS)}},
+            "required": ["text"],
+            "additionalProperties": False,
+        }
+        entity = {
+            "type": "object",
+            "properties": {
+                "entity_group": {"type": "string"},
+                "entity": {"type": "string"},
+                "score": {"type": "number"},
+                "word": {"type": "string"},
+                "start": {"type": "integer"},
+                "end": {"type": "integer"},
+            },
+        }
+        answer = {
+            "type": "object",
+            "properties": {"entities": {"type": "array", "items": entity}, "truncated": {"type": "boolean"}},
+        }
+        classify = json_route(
+            "/classify",
+            'the entities a token classifier finds in a text: {"text": ..., "aggregation": ...} or text/plain',
+            self.classify,
+            text,
+            answer,
+            media_types=text_bodies(text),
+            takes='this model finds entities in text: send {"text": "..."} (application/json) or text/plain',
+        )
+        return [classify, self.predict_route()]
+
+    async def classify(self, request: Incoming) -> Answer:
+        """POST /classify: a text's entities, grouped as the token-classification pipeline's `aggregation`."""
         text, aggregation, encoded = await self.tokenized(
             len(request.body), self._encode_body, request.body, request.content_type, request.params
         )
@@ -138,31 +166,6 @@ class TokenClassification(TextTask):
 
     def info(self) -> dict[str, Any]:
         return super().info() | {"labels": self.labels, "tokenizer": self.manifest["tokenizer"]}
-
-    def schemas(self) -> dict[str, RouteSchema]:
-        text = {
-            "type": "object",
-            "properties": {"text": {"type": "string"}, "aggregation": {"enum": list(AGGREGATIONS)}},
-            "required": ["text"],
-            "additionalProperties": False,
-        }
-        entity = {
-            "type": "object",
-            "properties": {
-                "entity_group": {"type": "string"},
-                "entity": {"type": "string"},
-                "score": {"type": "number"},
-                "word": {"type": "string"},
-                "start": {"type": "integer"},
-                "end": {"type": "integer"},
-            },
-        }
-        answer = {
-            "type": "object",
-            "properties": {"entities": {"type": "array", "items": entity}, "truncated": {"type": "boolean"}},
-        }
-        request = {"application/json": {"schema": text}, "text/plain": {"schema": {"type": "string"}}}
-        return {"/classify": RouteSchema(request, ("application/json", answer)), "/predict": self.named_schemas()}
 
 
 def _tag(label: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from contract.errors import ClientError
-from serve.endpoint import BENTOML, HANDOFF, Answer, Endpoint, route_matcher
+from serve.endpoint import BENTOML, HANDOFF, Answer, Endpoint, RouteTable
 from serve.form import small_integer
 from serve.front_door import MULTIPART, BodyRoute, FrontDoor, Slots
 from serve.router import Router
@@ -30,7 +30,7 @@ def router(
         Endpoint("GET", "/info", "", HANDOFF, handler),
         Endpoint("GET", "/livez", "", BENTOML),
     ]
-    return Router(app, route_matcher(table, "m"), FrontDoor(max_bytes, max_concurrency, body_timeout_s))
+    return Router(app, RouteTable(table, "m"), FrontDoor(max_bytes, max_concurrency, body_timeout_s))
 
 
 def make_client(
