@@ -48,8 +48,8 @@ from contract.manifest import read_manifest_unchecked  # noqa: E402
 from contract.signature import TASK_OBJECT_DETECTION  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
 from serve.config import ServeConfig, usable_cores  # noqa: E402
-from serve.decode_pool import DecodePool  # noqa: E402
-from serve.runtime import load_runtime, onnx_providers, onnx_session_options  # noqa: E402
+from serve.model.decode_pool import DecodePool  # noqa: E402
+from serve.model.runtime import load_runtime, onnx_providers, onnx_session_options  # noqa: E402
 from serve.tasks import Serving, task_for  # noqa: E402
 
 CONCURRENCY = (1, 64)

@@ -40,7 +40,7 @@ from bench.workload import workload_name  # noqa: E402
 from contract.generation import TOKENIZER, GenerationSettings, PromptTokenizer  # noqa: E402
 from contract.manifest import read_artifact, read_manifest  # noqa: E402
 from harness.server import BentoServer  # noqa: E402
-from serve.generation import open_model, verified_copy  # noqa: E402
+from serve.model.generation import open_model, verified_copy  # noqa: E402
 
 CONCURRENCY = (1, 16)
 SIDES = ("limit", "ours")

@@ -1,7 +1,7 @@
 """The in-process limit a served model is measured against: no HTTP, no server, the best arrangement found.
 
 The same JPEGs, decoded and preprocessed by the service's own Preprocessor, run through ONNX Runtime with the
-service's session settings (serve/runtime.py), on the whole machine. Three arrangements at each batch size:
+service's session settings (serve/model/runtime.py), on the whole machine. Three arrangements at each batch size:
 - serial: decode a batch, then run it;
 - overlapped: a thread pool (one thread per core) decodes batch k+1 while the model runs batch k;
 - lanes: one lane per core, each a one-thread session with its own decoding thread, overlapped as above; the
@@ -29,7 +29,7 @@ from bench.checks import assert_provider
 from contract.manifest import fast_decode_passed, read_manifest_unchecked
 from contract.pil_transform import Preprocessor
 from serve.config import usable_cores
-from serve.runtime import onnx_providers, onnx_session_options
+from serve.model.runtime import onnx_providers, onnx_session_options
 
 BATCH_SIZES = (1, 4, 8, 16, 32)
 

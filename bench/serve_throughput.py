@@ -19,7 +19,7 @@ Sides, each given the whole machine in turn (one server at a time: an idle Bento
 - peer_floor: bench/peer/floor.py, a bare ASGI app (Starlette on uvicorn) with the same decoding, batcher and
   session and nothing else: the least a Python HTTP server costs here (raw JPEG bodies);
 - ours_with_spans: ours_raw_body with BentoML's per-request OpenTelemetry span kept, as BentoML ships it
-  (tracing configured with a sample rate so small that nothing is exported): the A/B for serve/tracing.py;
+  (tracing configured with a sample rate so small that nothing is exported): the A/B for serve/observability/tracing.py;
 - peer_litserve: bench/peer/litserve_peer.py, LitServe with its batching on (max_batch_size 32, batch_timeout
   10 ms), the same decoding and session, the same multipart uploads as `ours`;
 - peer_triton (CPU only): bench/peer/triton_peer.py, NVIDIA Triton's own server (the one nvidia-pytriton bundles)
@@ -157,7 +157,7 @@ CPU_ONLY = (
     "peer_ray",
     "peer_mlserver",
 )
-# tracing "configured" (serve/tracing.py keeps the span middleware) with next to no trace ever sampled
+# tracing "configured" (serve/observability/tracing.py keeps the span middleware) with next to no trace ever sampled
 SPANS_KEPT = "tracing.exporter_type=in_memory tracing.sample_rate=0.000001"
 GOAL = (
     "CPU: ours (a form that sends JPEGs) >= 0.9 x limit at c=64 and p50(c=1) within 3 ms of in-process; "

@@ -14,7 +14,7 @@ Sides, each given the whole machine in turn:
 - limit: no HTTP: the exported tokenizer (contract/tokenizer_spec.py, as the service uses it; pairs for `rerank`)
   and the ONNX Runtime session with the service's settings, on full batches of the same texts (each batch padded to
   its longest, or cut into like lengths as the service cuts it); on a CPU also lanes, a one-thread session called
-  from a thread per core, as the service runs where its load-time timing finds that faster (serve/lanes.py); the
+  from a thread per core, as the service runs where its load-time timing finds that faster (serve/model/lanes.py); the
   fastest arrangement, timed again for --seconds;
 - ours: `bentoml serve` with serve/service.py, the task's route, one text per request;
 - ours_oip (`classify`): the same service through the Open Inference Protocol's binary infer, a BYTES `text` [1];
@@ -59,7 +59,7 @@ from contract.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E4
 from harness.server import BentoServer  # noqa: E402
 from harness.tiny_text import wordpiece_tokenizer  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
-from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+from serve.model.runtime import onnx_providers, onnx_session_options  # noqa: E402
 from serve.tasks.texts import PaddedSequences  # noqa: E402
 
 CONCURRENCY = (1, 64)
@@ -144,7 +144,7 @@ class InProcessText:
             str(folder / "model.onnx"), onnx_session_options(), providers=onnx_providers(device)
         )
         assert_provider("limit", self.session.get_providers(), device)
-        # Lanes (serve/lanes.py): one one-thread session called from a thread per core, as the service runs it
+        # Lanes (serve/model/lanes.py): one one-thread session called from a thread per core, as the service runs it
         # when its load-time timing finds that faster; a CPU arrangement.
         cores = usable_cores() if device == "cpu" else 1
         self.lanes = ThreadPoolExecutor(cores) if cores > 1 else None

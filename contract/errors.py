@@ -1,6 +1,6 @@
 """The one client error: what is wrong with a request, in words the client can act on, and the HTTP status that
 says so. Raised where the request is found wrong (decoding an image or a text, parsing a form, a JSON body or the
-protocol's tensors, a task's own checks) and turned into `{"error": ...}` in one place, serve/router.py."""
+protocol's tensors, a task's own checks) and turned into `{"error": ...}` in one place, serve/http/router.py."""
 
 from __future__ import annotations
 

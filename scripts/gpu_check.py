@@ -218,7 +218,7 @@ def serve_on_device(out: Path, folder: str, device: str) -> dict[str, Any]:
     expected = "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider"
     if info.get("provider") != expected or info.get("device") != device:
         raise RuntimeError(f"/info reports {info.get('provider')} on {info.get('device')}, expected {expected}")
-    if (info["batching"]["padded_to"] is not None) != (device == "cuda"):  # serve/batching.py: a GPU's batches
+    if (info["batching"]["padded_to"] is not None) != (device == "cuda"):  # serve/model/batching.py: a GPU's batches
         raise RuntimeError(f"/info reports batches padded to {info['batching']['padded_to']} on {device}")
     if answer.status_code != 200:
         raise RuntimeError(f"/classify answered {answer.status_code}: {answer.text[:200]}")

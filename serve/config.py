@@ -74,19 +74,19 @@ class ServeConfig:
     """threads each worker's model runs on; unset: the cores this process may use, shared out among the workers"""
     lanes: int | None = _setting("HANDOFF_LANES", None, _lanes)
     """batches each worker's model runs at once on a CPU, each on HANDOFF_CPU_THREADS / lanes threads; unset
-    (auto): timed at load on a CPU with ONNX Runtime (serve/lanes.py), else 1"""
+    (auto): timed at load on a CPU with ONNX Runtime (serve/model/lanes.py), else 1"""
     max_batch_size: int = _setting("HANDOFF_MAX_BATCH_SIZE", 32, _env_int)
     """the largest batch; where lanes are timed at load, the batcher may stop at a smaller one that is as fast"""
     max_latency_ms: int = _setting("HANDOFF_MAX_LATENCY_MS", 10_000, _env_int)
     """the batcher's budget: a request it expects to wait longer, or that has waited longer, is refused with 503"""
     timeout_s: int = _setting("HANDOFF_TIMEOUT_S", 60, _env_int)
-    """a request whose response has not started by then is cancelled and answered 504 (serve/deadline.py)"""
+    """a request whose response has not started by then is cancelled and answered 504 (serve/http/deadline.py)"""
     max_concurrency: int = _setting("HANDOFF_MAX_CONCURRENCY", 256, _env_int)
     """requests in progress at once; more are answered 429 at once instead of queueing into timeouts"""
     body_timeout_s: int = _setting("HANDOFF_BODY_TIMEOUT_S", 10, _env_int)
     """an upload not complete by then gets 408: a stalled client holds a reading slot this long at most"""
     access_log: bool = _setting("HANDOFF_ACCESS_LOG", True, lambda name, value: value != "0")
-    """0: no access-log line per request (serve/access_log.py; BentoML's own is always off)"""
+    """0: no access-log line per request (serve/observability/access_log.py; BentoML's own is always off)"""
     max_connections: int = _setting("HANDOFF_MAX_CONNECTIONS", 1024, _env_int)
     """open connections per worker (kept under `ulimit -n`); past it the oldest idle one is closed for the new one"""
     header_timeout_s: int = _setting("HANDOFF_HEADER_TIMEOUT_S", 10, _env_int)

@@ -5,11 +5,40 @@ task adds its own fields) and on what (runtime, precision, device, batching, CPU
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from serve.endpoint import Endpoint
-    from serve.service import ModelService
+from serve.config import ServeConfig
+from serve.http.endpoint import Endpoint
+from serve.model.lanes import Lanes
+from serve.model.runtime import Runtime
+from serve.tasks.base import ServedTask
+
+
+class DescribedService(Protocol):
+    """What GET /info reads of the running service (serve/service.py's ModelService)."""
+
+    @property
+    def unready(self) -> str | None: ...
+
+    @property
+    def config(self) -> ServeConfig: ...
+
+    @property
+    def manifest(self) -> dict[str, Any]: ...
+
+    @property
+    def folder(self) -> Path: ...
+
+    @property
+    def task(self) -> ServedTask: ...
+
+    @property
+    def lanes(self) -> Lanes | None: ...
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+    def padded_batch_sizes(self) -> list[int] | None: ...
 
 
 def _source(manifest: dict[str, Any], show_paths: bool) -> dict[str, Any]:
@@ -21,7 +50,7 @@ def _source(manifest: dict[str, Any], show_paths: bool) -> dict[str, Any]:
 
 
 def service_info(
-    service: ModelService, version: str, protocol: dict[str, Any], routes: list[Endpoint]
+    service: DescribedService, version: str, protocol: dict[str, Any], routes: list[Endpoint]
 ) -> dict[str, Any]:
     """What is being served, and on what (GET /info); `routes`: the served task's, which the page offers."""
     if service.unready is not None:

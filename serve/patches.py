@@ -1,17 +1,17 @@
 """The two places handoff still changes a dependency's code: each a last resort, each checked at start-up.
 
 Everything else is configured through BentoML's public settings (serve/service.py's `SERVICE_CONFIG`) and
-handoff's own middlewares (serve/front.py). These two have no public way in (docs/serve.md, "Where
+handoff's own middlewares (serve/http/front.py). These two have no public way in (docs/serve.md, "Where
 handoff patches its dependencies", has the reproductions):
 
 1. BentoML's TimeoutMiddleware. It arms a timer per request that it never cancels, so every answered request
    leaves a timer, a future and its closures on the event loop until the timeout passes, and it runs each
    request in a task of its own. No configuration leaves it out (`traffic.timeout` must be a positive number),
-   so serve/deadline.py's ResponseDeadline, with the same argument and the same 504, is built in its place.
-2. uvicorn's HTTP protocol. The bounds on connections (serve/connections.py) live below HTTP, where no ASGI
+   so serve/http/deadline.py's ResponseDeadline, with the same argument and the same 504, is built in its place.
+2. uvicorn's HTTP protocol. The bounds on connections (serve/http/connections.py) live below HTTP, where no ASGI
    middleware reaches; uvicorn takes a protocol class (`Config(http=...)`), but BentoML's worker builds its
    `uvicorn.Config` without passing one. So uvicorn's default ("auto") class is the guarded subclass. It also
-   puts handoff's middlewares in front of BentoML's app where the service asks it to (serve/front.py).
+   puts handoff's middlewares in front of BentoML's app where the service asks it to (serve/http/front.py).
 
 Each replacement records that it took effect (ResponseDeadline when BentoML builds it, the guarded protocol
 when it serves a connection): `not_in_effect()` names any that did not, and the service stays not ready
@@ -25,8 +25,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from serve.connections import ConnectionLimits, guarded
-from serve.deadline import ResponseDeadline
+from serve.http.connections import ConnectionLimits, guarded
+from serve.http.deadline import ResponseDeadline
 
 TIMEOUT_MODULE, TIMEOUT_CLASS = "bentoml._internal.server.http.traffic", "TimeoutMiddleware"
 PROTOCOL_MODULE, PROTOCOL_CLASS = "uvicorn.protocols.http.auto", "AutoHTTPProtocol"
@@ -44,7 +44,7 @@ class BentoMLsDeadline(ResponseDeadline):
 
 def install(limits: ConnectionLimits, app_around: Callable[[Any], Any] | None = None) -> None:
     """Both replacements, before BentoML builds its app and its worker starts uvicorn (at import, in the worker);
-    `app_around`: see serve/connections.py's `guarded`."""
+    `app_around`: see serve/http/connections.py's `guarded`."""
     setattr(importlib.import_module(TIMEOUT_MODULE), TIMEOUT_CLASS, BentoMLsDeadline)
     protocols = importlib.import_module(PROTOCOL_MODULE)
     if not getattr(getattr(protocols, PROTOCOL_CLASS), "handoff_guarded", False):

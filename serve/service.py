@@ -8,14 +8,14 @@ HANDOFF_WORKERS, HANDOFF_MODEL_SHA256, HANDOFF_MAX_BATCH_SIZE, HANDOFF_MAX_LATEN
 
 The service is thin: it loads the manifest (only bytes it vouches for are served), picks the task that serves the
 manifest's `task` (serve/tasks/), the runtime and the batcher. Every route, and who answers it, is one table
-(serve/routes.py's routes every model has, and the served task's own, added as it loads), dispatched by one router
-(serve/router.py). BentoML is configured through its settings
-(SERVICE_CONFIG below); handoff's middlewares are called by uvicorn in front of BentoML's app (serve/front.py), or
+(serve/http/routes.py's routes every model has, and the served task's own, added as it loads), dispatched by one router
+(serve/http/router.py). BentoML is configured through its settings
+(SERVICE_CONFIG below); handoff's middlewares are called by uvicorn in front of BentoML's app (serve/http/front.py), or
 added to it with add_asgi_middleware where the user traces; serve/patches.py holds the two replacements of upstream
 code that have no public way in, each checked before the service reports ready.
 
 Decoding and preprocessing run in worker threads outside the batched call; only validated rows reach the batcher
-(serve/batching.py), so a bad request can never fail the good ones batched with it.
+(serve/model/batching.py), so a bad request can never fail the good ones batched with it.
 """
 
 from __future__ import annotations
@@ -34,26 +34,27 @@ from contract.errors import ClientError
 from contract.manifest import ManifestError, read_manifest
 from contract.signature import read_signature
 from serve import patches
-from serve.access_log import AccessLine, write_access_log_off_the_loop
-from serve.auth import ApiKeyGate
-from serve.batching import ModelBatcher, ModelFailed
 from serve.config import ServeConfig
-from serve.connections import ConnectionLimits
-from serve.deadline import ResponseDeadline
-from serve.decode_pool import DecodePool
-from serve.endpoint import open_paths
-from serve.front import Front
-from serve.front_door import FrontDoor
+from serve.http.auth import ApiKeyGate
+from serve.http.connections import ConnectionLimits
+from serve.http.deadline import ResponseDeadline
+from serve.http.endpoint import open_paths
+from serve.http.front import Front
+from serve.http.front_door import FrontDoor
+from serve.http.router import Router
+from serve.http.routes import route_table
 from serve.info import service_info
-from serve.lanes import Lanes, arrange
-from serve.logs import install_log_filters
-from serve.oip import ProtocolSurface
-from serve.request_metrics import RequestMetrics
-from serve.router import Router
-from serve.routes import route_table
-from serve.runtime import RuntimeUnavailable, load_runtime
+from serve.model.batching import ModelBatcher, ModelFailed
+from serve.model.decode_pool import DecodePool
+from serve.model.lanes import Lanes, arrange
+from serve.model.runtime import RuntimeUnavailable, load_runtime
+from serve.observability.access_log import AccessLine, write_access_log_off_the_loop
+from serve.observability.logs import install_log_filters
+from serve.observability.request_metrics import RequestMetrics
+from serve.observability.tracing import service_tracing
+from serve.protocols.oip import ProtocolSurface
 from serve.tasks import ServedTask, Serving, task_for
-from serve.tracing import service_tracing
+from serve.tasks.base import ProtocolTask
 
 log = logging.getLogger("bentoml.handoff")  # under "bentoml", so `bentoml serve` shows it
 CONFIG = ServeConfig()
@@ -72,11 +73,11 @@ CONNECTION_LIMITS = ConnectionLimits(
 )
 
 PROTOCOL = ProtocolSurface(CONFIG.model_name, VERSION, get_current_service)
-# every route the service answers: serve/routes.py's, and the served task's once it has loaded (ModelService._load)
+# every route the service answers: serve/http/routes.py's, and the served task's once it has loaded (ModelService._load)
 ROUTES = route_table(PROTOCOL, lambda: get_current_service().describe(), "handoff", VERSION, CONFIG.model_name)
 # BentoML's settings: no metrics or access log of its own (handoff's middlewares below give both, cheaper and
-# bounded), no spans unless the user's configuration traces (serve/tracing.py), and no concurrency limit of
-# its own (its slot is taken before the body is read; the front door takes its own after).
+# bounded), no spans unless the user's configuration traces (serve/observability/tracing.py), and no concurrency limit
+# of its own (its slot is taken before the body is read; the front door takes its own after).
 SERVICE_CONFIG: dict[str, Any] = {
     "workers": CONFIG.workers,
     "traffic": {"timeout": CONFIG.timeout_s},
@@ -101,7 +102,7 @@ class ModelService:
         # Decoding is CPU-bound and a large image takes hundreds of MB while it is decoded: one per core (of this
         # worker's share) at a time bounds both (BentoML's default thread pool would decode 40 at once).
         self.decoders = DecodePool(CONFIG.cores_per_worker())
-        self.lanes: Lanes | None = None  # how the model runs on a CPU (serve/lanes.py), chosen at load
+        self.lanes: Lanes | None = None  # how the model runs on a CPU (serve/model/lanes.py), chosen at load
         try:
             self._load()
         except (ManifestError, RuntimeUnavailable, ValueError, OSError, BentoMLException) as err:
@@ -162,8 +163,8 @@ class ModelService:
         gc.set_threshold(YOUNG_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
 
     def padded_batch_sizes(self) -> list[int] | None:
-        """On a GPU, batches run only at the sizes warmed up (see serve/batching.py for why); a task whose requests
-        run alone (a detector's images) is never padded."""
+        """On a GPU, batches run only at the sizes warmed up (see serve/model/batching.py for why); a task whose
+        requests run alone (a detector's images) is never padded."""
         return CONFIG.batch_buckets() if self.runtime.device == "cuda" and not self.task.runs_alone else None
 
     @property
@@ -223,6 +224,15 @@ class ModelService:
                 raise failed.cause from None
             raise fault from None  # the client's input, named in a 400 and one log line
 
+    def protocol_task(self) -> ProtocolTask:
+        """The task, where it answers the protocol's infer (ClientError where it does not: a language model)."""
+        if not isinstance(self.task, ProtocolTask):
+            raise ClientError(
+                f"{self.task.kind} is not served through the protocol's infer: see GET /info's routes "
+                f"({', '.join(f'{e.method} {e.path}' for e in ROUTES.task_rows)})"
+            )
+        return self.task
+
     def platform(self) -> str:
         """The model's platform as Triton names it."""
         return "pytorch_libtorch" if self.runtime.name == "torchscript" else "onnxruntime_onnx"
@@ -253,7 +263,7 @@ MIDDLEWARES: list[tuple[type, dict[str, Any]]] = [  # handoff's, outermost first
         },
     ),
 ]
-TRACED = not SERVICE_CONFIG["tracing"]  # serve/tracing.py excludes every URL unless the user traces
+TRACED = not SERVICE_CONFIG["tracing"]  # serve/observability/tracing.py excludes every URL unless the user traces
 if not TRACED:  # uvicorn calls the middlewares, in front of BentoML's app
     FRONT: Front | None = Front([(ResponseDeadline, {"timeout": CONFIG.timeout_s}), *MIDDLEWARES])
 else:  # BentoML's app calls them, inside its span and its deadline

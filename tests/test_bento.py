@@ -211,9 +211,9 @@ def test_the_kubernetes_manifest_matches_the_service(bento):
 def test_the_kserve_manifest_matches_the_service(bento):
     """deploy/kserve.yaml: the port the Bento's image serves on, a readiness probe on the protocol's model
     readiness for the name it sets, only settings the service reads, one GPU, the autoscaler's bounds."""
-    from serve.endpoint import open_paths
-    from serve.oip import ProtocolSurface
-    from serve.routes import route_table
+    from serve.http.endpoint import open_paths
+    from serve.http.routes import route_table
+    from serve.protocols.oip import ProtocolSurface
 
     (service,) = yaml.safe_load_all((ROOT / "deploy" / "kserve.yaml").read_text())
     assert service["kind"] == "InferenceService" and service["apiVersion"].startswith("serving.kserve.io/")

@@ -84,7 +84,7 @@ def test_the_installed_wheel_trains_exports_and_serves(tmp_path):
     run("-m", "pip", "install", "--quiet", str(_source_copy(tmp_path / "handoff")))
     where = run(
         "-c",
-        "import contract, export.tasks, export.readers, train.checkpoint, serve.page as p; "
+        "import contract, export.tasks, export.readers, train.checkpoint, serve.http.page as p; "
         "print(p.PAGE, p.PAGE.is_file())",
     ).stdout.split()
     assert where[0].startswith(str(tmp_path / "env")) and where[1] == "True", where

@@ -35,7 +35,7 @@ from contract.manifest import read_manifest_unchecked
 from contract.pil_transform import Preprocessor
 from contract.preprocessing import Preprocessing
 from serve.config import usable_cores
-from serve.request_metrics import UNKNOWN
+from serve.observability.request_metrics import UNKNOWN
 from train.presets import eval_transform
 
 sys.path.insert(0, str(ROOT))  # bench/ is scripts, not an installed package
@@ -151,7 +151,7 @@ def test_info_and_probes(server, exported):
     manifest = read_manifest_unchecked(exported)
     assert info["ready"] and info["runtime"] == "onnx"
     assert info["provider"] == "CPUExecutionProvider" and info["device"] == "cpu"
-    # How the model runs on this CPU: timed at load (serve/lanes.py), both arrangements at each batch size.
+    # How the model runs on this CPU: timed at load (serve/model/lanes.py), both arrangements at each batch size.
     cpu, cores = info["cpu"], usable_cores()
     assert cpu["workers"] == 1 and cpu["lanes"] * cpu["threads_per_lane"] == cores
     if cores > 1:
@@ -278,8 +278,8 @@ def test_bad_input_gets_a_clear_4xx_and_nothing_breaks(server):
 
 
 def test_tracing_spans_only_where_tracing_is_configured(server, exported, tmp_path):
-    """BentoML's per-request OpenTelemetry span is left out unless an exporter is configured (serve/tracing.py):
-    the access log's lines carry trace ids only then."""
+    """BentoML's per-request OpenTelemetry span is left out unless an exporter is configured
+    (serve/observability/tracing.py): the access log's lines carry trace ids only then."""
 
     def access_lines(srv: Server) -> list[str]:
         assert classify(srv.url, png_bytes(digit_images(1)[0][0])).status_code == 200

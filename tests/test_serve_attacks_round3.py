@@ -330,7 +330,7 @@ def test_newlines_in_paths_and_input_names_forge_no_log_lines(served):
 def test_websocket_upgrades_are_refused(served):
     """Low: a WebSocket upgrade passed the key gate (its scope is not HTTP) and leaked an entry of the connection
     table. handoff has no WebSocket route: every upgrade, with a key or without, is refused by the front door (the
-    leak's fix, in serve/connections.py, is not observable from outside and is not asserted here)."""
+    leak's fix, in serve/http/connections.py, is not observable from outside and is not asserted here)."""
     upgrade = (
         "GET /info HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{}\r\n"

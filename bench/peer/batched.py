@@ -2,7 +2,7 @@
 
 `@bentoml.api(batchable=True)` on an async endpoint taking a list of images: BentoML's dispatcher merges
 concurrent requests (each a list of one upload, field `image`) into one call. Preprocessing (contract/pil_transform.py)
-and the ONNX Runtime session settings (serve/runtime.py) are the service's own, so what differs from ours is
+and the ONNX Runtime session settings (serve/model/runtime.py) are the service's own, so what differs from ours is
 the serving design only: here images are decoded inside the batched call, one after another, before the model
 runs; ours decodes each request in its own thread before it joins a batch. Used by bench/serve_throughput.py.
 """
@@ -21,7 +21,7 @@ from PIL.Image import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from contract.manifest import read_manifest_unchecked  # noqa: E402
 from contract.pil_transform import Preprocessor  # noqa: E402
-from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+from serve.model.runtime import onnx_providers, onnx_session_options  # noqa: E402
 
 FOLDER = Path(os.environ["PEER_MODEL_DIR"])
 DEVICE = os.environ.get("PEER_DEVICE", "cpu")

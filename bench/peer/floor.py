@@ -1,5 +1,5 @@
 """The floor: the least a Python HTTP server costs here. A bare ASGI app (Starlette on uvicorn, one process), the
-same decoding (contract/pil_transform.py, one decode per core at a time), the same batcher (serve/batching.py) and
+same decoding (contract/pil_transform.py, one decode per core at a time), the same batcher (serve/model/batching.py) and
 the same ONNX Runtime session settings as the service, and nothing else: no BentoML, no middleware, no limits,
 no metrics, no access log. Used by bench/serve_throughput.py as the side `peer_floor`.
 
@@ -38,7 +38,7 @@ from bench.peer.model_process import ModelClient, SessionModel  # noqa: E402
 from bench.peer.oip_tensor import HEADER_LENGTH, answer_of, rows_of  # noqa: E402
 from harness.server import ScriptServer  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
-from serve.decode_pool import DecodePool  # noqa: E402
+from serve.model.decode_pool import DecodePool  # noqa: E402
 
 
 def app(folder: Path, device: str, workers: int = 1, model_socket: str | None = None) -> Starlette:

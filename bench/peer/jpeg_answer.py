@@ -12,7 +12,7 @@ import orjson
 
 from contract.manifest import fast_decode_passed, read_manifest_unchecked
 from contract.pil_transform import Preprocessor
-from serve.decode_pool import DecodePool
+from serve.model.decode_pool import DecodePool
 
 
 class JpegAnswer:

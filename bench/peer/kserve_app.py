@@ -14,7 +14,7 @@ import onnxruntime as ort
 from kserve import InferOutput, InferRequest, InferResponse
 
 from serve.config import usable_cores
-from serve.runtime import onnx_providers, onnx_session_options
+from serve.model.runtime import onnx_providers, onnx_session_options
 
 NAME = "handoff"  # the same path as the service's protocol: /v2/models/handoff/infer
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from contract.manifest import fast_decode_passed, read_manifest_unchecked  # noqa: E402
 from contract.pil_transform import Preprocessor  # noqa: E402
-from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+from serve.model.runtime import onnx_providers, onnx_session_options  # noqa: E402
 
 FOLDER = Path(os.environ.get("PEER_MODEL_DIR", "."))
 DEVICE = os.environ.get("PEER_DEVICE", "cpu")

@@ -20,7 +20,7 @@ from mlserver.codecs import NumpyCodec
 from mlserver.types import InferenceRequest, InferenceResponse
 
 from serve.config import usable_cores
-from serve.runtime import onnx_providers, onnx_session_options
+from serve.model.runtime import onnx_providers, onnx_session_options
 
 
 class OnnxModel(MLModel):

@@ -1,7 +1,7 @@
 """One model process fed by several HTTP workers: the other way to put N event loops in front of one device
 (issue 33, item 4), built to measure it against N workers that each hold their own session.
 
-The model process holds the one ONNX Runtime session and the batcher (serve/batching.py) and listens on a Unix
+The model process holds the one ONNX Runtime session and the batcher (serve/model/batching.py) and listens on a Unix
 socket; each HTTP worker decodes its images, sends the rows there and awaits the logits. A frame each way:
 
     request:  id (u64), the rows' shape N, C, H, W (4 x u32), then N*C*H*W float32
@@ -30,9 +30,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from serve.batching import ModelBatcher  # noqa: E402
-from serve.decode_pool import DecodePool  # noqa: E402
-from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+from serve.model.batching import ModelBatcher  # noqa: E402
+from serve.model.decode_pool import DecodePool  # noqa: E402
+from serve.model.runtime import onnx_providers, onnx_session_options  # noqa: E402
 
 REQUEST = struct.Struct("<Q4I")
 RESPONSE = struct.Struct("<QI")

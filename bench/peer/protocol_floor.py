@@ -33,7 +33,7 @@ from bench.peer.jpeg_answer import JpegAnswer  # noqa: E402
 from bench.peer.model_process import SessionModel  # noqa: E402
 from bench.peer.oip_tensor import HEADER_LENGTH, answer_of, rows_of  # noqa: E402
 from serve.config import usable_cores  # noqa: E402
-from serve.decode_pool import DecodePool  # noqa: E402
+from serve.model.decode_pool import DecodePool  # noqa: E402
 
 HEADER_NAME = HEADER_LENGTH.encode()  # as httptools hands a header's name over
 

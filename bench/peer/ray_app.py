@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve.config import usable_cores
-from serve.oip_codec import OutputTensor, encode_infer_response, parse_infer_request
-from serve.runtime import onnx_providers, onnx_session_options
+from serve.model.runtime import onnx_providers, onnx_session_options
+from serve.protocols.oip_codec import OutputTensor, encode_infer_response, parse_infer_request
 
 
 @serve.deployment(max_ongoing_requests=128, ray_actor_options={"num_cpus": 0})

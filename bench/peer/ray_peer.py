@@ -2,7 +2,7 @@
 bench/peer/venvs.py) with a deployment batched by `@serve.batch`, as its batching guide writes one
 (bench/peer/ray_app.py), sent the same protocol binary infers as ours_oip_tensor. Ray Serve speaks no inference
 protocol of its own: the deployment parses and answers the protocol's binary form with handoff's own codec
-(serve/oip_codec.py), so that what differs is the server, not the parsing."""
+(serve/protocols/oip_codec.py), so that what differs is the server, not the parsing."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 `@bentoml.api(batchable=True)` on an async endpoint taking a list of texts: BentoML's dispatcher merges
 concurrent requests (each `{"texts": ["..."]}`) into one call, which tokenizes the batch and runs the model.
 The tokenizer (contract/tokenizer_spec.py: the exported tokenizer.json, truncation, padding to the longest) and the
-ONNX Runtime session settings (serve/runtime.py) are the service's own, so what differs from ours is the serving
+ONNX Runtime session settings (serve/model/runtime.py) are the service's own, so what differs from ours is the serving
 design only. Used by bench/text_serving.py.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from contract.manifest import read_manifest_unchecked  # noqa: E402
 from contract.tokenizer_spec import TextTokenizer, TokenizerSettings  # noqa: E402
-from serve.runtime import onnx_providers, onnx_session_options  # noqa: E402
+from serve.model.runtime import onnx_providers, onnx_session_options  # noqa: E402
 
 FOLDER = Path(os.environ["PEER_MODEL_DIR"])
 DEVICE = os.environ.get("PEER_DEVICE", "cpu")

@@ -18,7 +18,7 @@ import triton_python_backend_utils as pb_utils  # provided by Triton's Python ba
 
 from contract.manifest import fast_decode_passed, read_manifest_unchecked
 from contract.pil_transform import Preprocessor
-from serve.runtime import onnx_providers, onnx_session_options
+from serve.model.runtime import onnx_providers, onnx_session_options
 
 IMAGE_INPUT = "image"
 

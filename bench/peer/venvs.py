@@ -43,7 +43,7 @@ def peer_python(name: str, packages: tuple[str, ...]) -> Path:
 class PeerApp(BentoServer):
     """A peer's app (bench/peer/APP) run by the interpreter of the peer's virtualenv, as
     `python APP EXPORT_DIR [ARGS...] PORT`, with the project on its path (the apps take the service's session
-    settings from serve/runtime.py), ready when `ready_path` answers 200."""
+    settings from serve/model/runtime.py), ready when `ready_path` answers 200."""
 
     venv: ClassVar[str]
     packages: ClassVar[tuple[str, ...]]

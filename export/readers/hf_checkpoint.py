@@ -23,6 +23,29 @@ from typing import Any
 
 CONFIG = "config.json"
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's: an adapter's folder, holding no config.json of its own
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# A LoRA adapter's settings, each merged by export/readers/lora.py, shown to change nothing merged, or refused
+MERGED_SETTINGS = {"peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "bias", "lora_bias", "fan_in_fan_out"}
+SETTINGS_WITHOUT_EFFECT = {  # what says where the adapter came from or how it trained, not what it merges to
+    "base_model_name_or_path", "revision", "peft_version", "task_type", "inference_mode", "auto_mapping",
+    "target_modules", "exclude_modules", "layers_to_transform", "layers_pattern",  # the saved tensors say which
+    "modules_to_save",  # replaced as saved
+    "lora_dropout", "megatron_core",  # training only; the module path Megatron would use
+    "qalora_group_size",  # read only with use_qalora, refused below
+    "eva_config", "lora_ga_config",  # initialisations of A and B alone: the saved pair is what trained
+}  # fmt: skip
+# init_lora_weights values that start A and B alone; others (PiSSA, OLoRA, CorDA, LoftQ) rewrite the base's weights
+PLAIN_INITIALISATIONS = (True, False, "gaussian", "eva", "lora_ga", "orthogonal")
+REFUSED = {  # settings PEFT merges differently, or not at all: refused, never merged wrongly
+    "alora_invocation_tokens": "an activated LoRA (alora_invocation_tokens), which PEFT does not merge either",
+    "rank_pattern": "per-layer ranks (rank_pattern)",
+    "alpha_pattern": "per-layer alphas (alpha_pattern)",
+    "layer_replication": "layer replication",
+    "lora_bias": "a trained LoRA bias",
+    "trainable_token_indices": "trainable tokens (trainable_token_indices)",
+    "target_parameters": "LoRA on parameters (target_parameters)",
+    "ensure_weight_tying": "adapters tied across tied weights (ensure_weight_tying)",
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 # Every file a tokenizer may be read from, checked to be the folder's own (check_own_files)
 TOKENIZER_READS = (
@@ -124,8 +147,6 @@ def find_hf_checkpoint(checkpoint: Path, hf_config: Path | None) -> HfCheckpoint
 
 def _adapter_checkpoint(folder: Path, hf_config: Path | None) -> HfCheckpoint:
     """A LoRA adapter's folder: its base model (--hf-config, else the folder its config names), the adapter beside."""
-    from export.readers.lora import read_adapter_config  # it reads this module's file checks
-
     named = read_adapter_config(folder).get("base_model_name_or_path")
     base = hf_config if hf_config is not None else Path(str(named)) if named else None
     if base is None or not (base / CONFIG).is_file():
@@ -135,6 +156,31 @@ def _adapter_checkpoint(folder: Path, hf_config: Path | None) -> HfCheckpoint:
             "model folder here (nothing is downloaded): --hf-config BASE_DIR names the base's save_pretrained folder"
         )
     return HfCheckpoint(base, base, _read_config(base), adapter=folder)
+
+
+def read_adapter_config(folder: Path) -> dict[str, Any]:
+    """adapter_config.json, checked to be a LoRA adapter this module merges (ValueError in one line otherwise)."""
+    check_own_files(folder, (ADAPTER_CONFIG, ADAPTER_WEIGHTS))
+    path = folder / ADAPTER_CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a readable adapter config ({err})") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        kind = config.get("peft_type") if isinstance(config, dict) else None
+        raise ValueError(f"{path}: a {kind} adapter; handoff merges LoRA adapters (merge it with PEFT first)")
+    refused = [what for key, what in REFUSED.items() if config.get(key)]
+    if config.get("bias", "none") != "none":
+        refused.append(f"bias={config['bias']!r}")
+    if config.get("init_lora_weights", True) not in PLAIN_INITIALISATIONS:
+        refused.append(f"init_lora_weights={config['init_lora_weights']!r}, which rewrites the base's weights")
+    known = MERGED_SETTINGS | SETTINGS_WITHOUT_EFFECT | set(REFUSED) | {"init_lora_weights"}
+    refused += [f"{key}={value!r}" for key, value in config.items() if key not in known and value]
+    if refused:
+        raise ValueError(f"{path}: {', '.join(refused)}: not merged by handoff; merge_and_unload() it with PEFT")
+    if not isinstance(config.get("r"), int) or config["r"] < 1 or not isinstance(config.get("lora_alpha"), int | float):
+        raise ValueError(f"{path}: r and lora_alpha must be numbers (r >= 1)")
+    return config
 
 
 def tokenizer_folder(hf: HfCheckpoint, tokenizer: Path | None) -> Path | None:

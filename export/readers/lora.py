@@ -20,7 +20,6 @@ with the adapter file's sha256.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Set
 from dataclasses import dataclass, field
@@ -31,33 +30,11 @@ import torch
 import torch.nn as nn
 
 from contract.manifest import sha256_file
-from export.readers.hf_checkpoint import ADAPTER_CONFIG, check_own_files
+from export.readers.hf_checkpoint import ADAPTER_WEIGHTS, read_adapter_config
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."  # PEFT's wrapper around the base model, in every saved key
 PAIRS = {"lora_A.weight": "lora_B.weight", "lora_embedding_A": "lora_embedding_B"}
 MAGNITUDE = "lora_magnitude_vector"  # DoRA's per-output magnitude, saved beside the pair
-MERGED_SETTINGS = {"peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "bias", "lora_bias", "fan_in_fan_out"}
-SETTINGS_WITHOUT_EFFECT = {  # what says where the adapter came from or how it trained, not what it merges to
-    "base_model_name_or_path", "revision", "peft_version", "task_type", "inference_mode", "auto_mapping",
-    "target_modules", "exclude_modules", "layers_to_transform", "layers_pattern",  # the saved tensors say which
-    "modules_to_save",  # replaced as saved
-    "lora_dropout", "megatron_core",  # training only; the module path Megatron would use
-    "qalora_group_size",  # read only with use_qalora, refused below
-    "eva_config", "lora_ga_config",  # initialisations of A and B alone: the saved pair is what trained
-}  # fmt: skip
-# init_lora_weights values that start A and B alone; others (PiSSA, OLoRA, CorDA, LoftQ) rewrite the base's weights
-PLAIN_INITIALISATIONS = (True, False, "gaussian", "eva", "lora_ga", "orthogonal")
-REFUSED = {  # settings PEFT merges differently, or not at all: refused, never merged wrongly
-    "alora_invocation_tokens": "an activated LoRA (alora_invocation_tokens), which PEFT does not merge either",
-    "rank_pattern": "per-layer ranks (rank_pattern)",
-    "alpha_pattern": "per-layer alphas (alpha_pattern)",
-    "layer_replication": "layer replication",
-    "lora_bias": "a trained LoRA bias",
-    "trainable_token_indices": "trainable tokens (trainable_token_indices)",
-    "target_parameters": "LoRA on parameters (target_parameters)",
-    "ensure_weight_tying": "adapters tied across tied weights (ensure_weight_tying)",
-}
 
 
 @dataclass
@@ -88,31 +65,6 @@ class Adapter:
             "replaced": self.replaced[:50],
             "sha256": sha256_file(self.folder / ADAPTER_WEIGHTS),  # the file's own: `sha256sum` checks it
         }
-
-
-def read_adapter_config(folder: Path) -> dict[str, Any]:
-    """adapter_config.json, checked to be a LoRA adapter this module merges (ValueError in one line otherwise)."""
-    check_own_files(folder, (ADAPTER_CONFIG, ADAPTER_WEIGHTS))
-    path = folder / ADAPTER_CONFIG
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a readable adapter config ({err})") from None
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
-        kind = config.get("peft_type") if isinstance(config, dict) else None
-        raise ValueError(f"{path}: a {kind} adapter; handoff merges LoRA adapters (merge it with PEFT first)")
-    refused = [what for key, what in REFUSED.items() if config.get(key)]
-    if config.get("bias", "none") != "none":
-        refused.append(f"bias={config['bias']!r}")
-    if config.get("init_lora_weights", True) not in PLAIN_INITIALISATIONS:
-        refused.append(f"init_lora_weights={config['init_lora_weights']!r}, which rewrites the base's weights")
-    known = MERGED_SETTINGS | SETTINGS_WITHOUT_EFFECT | set(REFUSED) | {"init_lora_weights"}
-    refused += [f"{key}={value!r}" for key, value in config.items() if key not in known and value]
-    if refused:
-        raise ValueError(f"{path}: {', '.join(refused)}: not merged by handoff; merge_and_unload() it with PEFT")
-    if not isinstance(config.get("r"), int) or config["r"] < 1 or not isinstance(config.get("lora_alpha"), int | float):
-        raise ValueError(f"{path}: r and lora_alpha must be numbers (r >= 1)")
-    return config
 
 
 def read_adapter(folder: Path) -> Adapter:

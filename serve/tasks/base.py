@@ -6,14 +6,17 @@ decode/predict/encode and KServe's preprocess/predict/postprocess, shaped to wha
     request --decode (a decoding thread)--> rows --the batcher (the model thread: `run`)--> outputs --> answer
 
 - `endpoints`: its own routes (required): each row's path, media types, form fields, body limit, request and
-  answer schemas and its handler, a method of the task that the router calls directly (serve/router.py); the
-  service adds them to the routes every model has (serve/routes.py), so /docs.json lists this model's alone;
+  answer schemas and its handler, a method of the task that the router calls directly (serve/http/router.py); the
+  service adds them to the routes every model has (serve/http/routes.py), so /docs.json lists this model's alone;
 - `run`: the model's call on a batch of rows, in the model thread (whatever is cheaper there than on the
   event loop, a softmax or a ranking, is done here);
-- `batch_shape`: which requests may share a call (serve/batch_shape.py; None: rows of one shape);
-- `protocol_tensors` and `infer`: the Open Inference Protocol's inputs and outputs, and its infer, on requests
-  serve/oip_codec.py has parsed (through the same batcher: `Serving.batched`);
-- `info`: the task's fields of GET /info.
+- `batch_shape`: which requests may share a call (serve/model/batch_shape.py; None: rows of one shape);
+- `warm_up`, `info` (its fields of GET /info), `trouble`, `client_fault`: optional, with defaults;
+- a `ProtocolTask` (every task but a language model's) also answers the Open Inference Protocol: its inputs and
+  outputs (`protocol_tensors`) and its `infer` (required there), on requests serve/protocols/oip_codec.py has
+  parsed (through the same batcher: `Serving.batched`).
+
+A missing required method fails when the task is made, at load (an abstract method), never at a request.
 
 A task never sees HTTP: it gets an `Incoming` (the body the front door read, its parameters) and gives an `Answer`,
 or raises the one client error (contract/errors.py) where the request is wrong.
@@ -31,19 +34,29 @@ import numpy as np
 
 from contract.errors import ClientError
 from contract.signature import Signature, read_signature
-from serve.batch_shape import BatchShape
-from serve.batching import ModelFailed
 from serve.config import ServeConfig
-from serve.decode_pool import DecodePool
-from serve.endpoint import ERROR, HANDOFF, JSON_OBJECT, MODEL_ERRORS, Answer, Endpoint, Handler, Incoming, plain_error
-from serve.form import small_integer
-from serve.front_door import BodyRoute
-from serve.json_body import parse_json
-from serve.lanes import Lanes
-from serve.oip import ServedTensor, select_outputs
-from serve.oip_codec import OIP_DATATYPE, InferRequest, OutputTensor
-from serve.runtime import Runtime
-from serve.tensor_inputs import check_answer_size, json_inputs, model_inputs, outputs_json
+from serve.http.endpoint import (
+    ERROR,
+    HANDOFF,
+    JSON_OBJECT,
+    MODEL_ERRORS,
+    Answer,
+    Endpoint,
+    Handler,
+    Incoming,
+    plain_error,
+)
+from serve.http.form import small_integer
+from serve.http.front_door import BodyRoute
+from serve.http.json_body import parse_json
+from serve.model.batch_shape import BatchShape
+from serve.model.batching import ModelFailed
+from serve.model.decode_pool import DecodePool
+from serve.model.lanes import Lanes
+from serve.model.runtime import Runtime
+from serve.model.tensor_inputs import check_answer_size, json_inputs, model_inputs, outputs_json
+from serve.protocols.oip_codec import OIP_DATATYPE, InferRequest, OutputTensor
+from serve.protocols.tensors import ServedTensor, select_outputs
 
 Rows = Any  # one array, or named arrays: what a task's decode gives and its `run` takes
 
@@ -106,15 +119,6 @@ class ServedTask(ABC):
         """The client's error when the model failed on one request's rows alone; None: the fault is the service's."""
         return None
 
-    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
-        """The protocol's inputs and outputs: the signature's, by default."""
-        inputs = [ServedTensor(t.name, OIP_DATATYPE[t.dtype], t.shape) for t in self.signature.inputs]
-        outputs = [ServedTensor(t.name, OIP_DATATYPE[t.dtype], t.shape) for t in self.signature.outputs]
-        return inputs, outputs
-
-    async def infer(self, request: InferRequest) -> list[OutputTensor]:
-        raise NotImplementedError
-
     def info(self) -> dict[str, Any]:
         """The task's own fields in GET /info's `model`."""
         return {"dynamic": self.manifest.get("dynamic", {})}
@@ -131,13 +135,6 @@ class ServedTask(ABC):
 
     def _parse_inputs(self, body: bytes) -> dict[str, np.ndarray]:
         return model_inputs(json_inputs(parse_json(body), self.signature), self.signature, self.config.max_batch_size)
-
-    async def infer_named(self, request: InferRequest) -> list[OutputTensor]:
-        """The protocol's infer on the signature's inputs, numbers only."""
-        given = numeric_inputs(request, list(request.inputs))
-        outputs = await self.serving.batched(model_inputs(given, self.signature, self.config.max_batch_size))
-        check_answer_size(outputs, self.config.max_answer_numbers)
-        return select_outputs(request, outputs, None)
 
     def predict_route(self) -> Endpoint:
         """POST /predict for the signature's inputs and outputs by name (`predict_named`)."""
@@ -158,6 +155,28 @@ class ServedTask(ABC):
             body,
             answer,
         )
+
+
+class ProtocolTask(ServedTask):
+    """A task the Open Inference Protocol's infer reaches (every task but a language model's): its tensors, the
+    signature's by default, and its infer, required."""
+
+    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
+        """The protocol's inputs and outputs: the signature's, by default."""
+        inputs = [ServedTensor(t.name, OIP_DATATYPE[t.dtype], t.shape) for t in self.signature.inputs]
+        outputs = [ServedTensor(t.name, OIP_DATATYPE[t.dtype], t.shape) for t in self.signature.outputs]
+        return inputs, outputs
+
+    @abstractmethod
+    async def infer(self, request: InferRequest) -> list[OutputTensor]:
+        """The protocol's infer on a request serve/protocols/oip_codec.py has parsed."""
+
+    async def infer_named(self, request: InferRequest) -> list[OutputTensor]:
+        """The protocol's infer on the signature's inputs, numbers only."""
+        given = numeric_inputs(request, list(request.inputs))
+        outputs = await self.serving.batched(model_inputs(given, self.signature, self.config.max_batch_size))
+        check_answer_size(outputs, self.config.max_answer_numbers)
+        return select_outputs(request, outputs, None)
 
 
 def json_route(

@@ -22,12 +22,13 @@ from contract.errors import ClientError
 from contract.manifest import fast_decode_checked, fast_decode_passed, labels_of
 from contract.pil_transform import Preprocessor
 from contract.signature import TASK_IMAGE_CLASSIFICATION
-from serve.endpoint import Answer, Endpoint, Incoming
-from serve.json_body import float32_rows, max_json_bytes, parse_json
-from serve.oip import IMAGE_INPUT, ServedTensor
-from serve.oip_codec import InferRequest, OutputTensor
+from serve.http.endpoint import Answer, Endpoint, Incoming
+from serve.http.json_body import float32_rows, max_json_bytes, parse_json
+from serve.model.tensor_inputs import model_inputs
+from serve.protocols.oip_codec import InferRequest, OutputTensor
+from serve.protocols.tensors import IMAGE_INPUT, ServedTensor
 from serve.tasks.base import (
-    ServedTask,
+    ProtocolTask,
     Serving,
     checked_top_k,
     json_route,
@@ -37,12 +38,11 @@ from serve.tasks.base import (
 )
 from serve.tasks.images import TOP_K, image_files, image_route
 from serve.tasks.ranking import PREDICTIONS, classifier_outputs, predictions, ranked, with_probabilities
-from serve.tensor_inputs import model_inputs
 
 CLASSIFY_FIELDS = {"image": "file", "top_k": "integer"}  # the multipart form's fields, checked by the front door
 
 
-class ImageClassification(ServedTask):
+class ImageClassification(ProtocolTask):
     name = TASK_IMAGE_CLASSIFICATION
     kind = "an image classifier"
 

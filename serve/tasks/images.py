@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from contract.errors import ClientError
-from serve.endpoint import HANDOFF, MODEL_ERRORS, Endpoint, Handler
-from serve.front_door import MULTIPART, BodyRoute
-from serve.oip import IMAGE_INPUT
-from serve.oip_codec import InferRequest
-from serve.tensor_inputs import check_rows
+from serve.http.endpoint import HANDOFF, MODEL_ERRORS, Endpoint, Handler
+from serve.http.front_door import MULTIPART, BodyRoute
+from serve.model.tensor_inputs import check_rows
+from serve.protocols.oip_codec import InferRequest
+from serve.protocols.tensors import IMAGE_INPUT
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif")
 BINARY = {"type": "string", "format": "binary"}
@@ -66,7 +66,7 @@ def image_files(request: InferRequest, max_rows: int) -> list[bytes]:
 
 
 class OneImageEach:
-    """serve/batch_shape.py's batch shape for images of their own sizes: any share a batch, each runs alone."""
+    """serve/model/batch_shape.py's batch shape for images of their own sizes: any share a batch, each runs alone."""
 
     def key(self, rows: Any) -> tuple:
         return ()

@@ -52,10 +52,10 @@ from contract.instances import (
 from contract.manifest import labels_of
 from contract.pil_transform import Preprocessor
 from contract.signature import TASK_OBJECT_DETECTION
-from serve.endpoint import Answer, Endpoint, Incoming
-from serve.oip import IMAGE_INPUT, ServedTensor, select_outputs
-from serve.oip_codec import InferRequest, OutputTensor
-from serve.tasks.base import ServedTask, Serving, only_params
+from serve.http.endpoint import Answer, Endpoint, Incoming
+from serve.protocols.oip_codec import InferRequest, OutputTensor
+from serve.protocols.tensors import IMAGE_INPUT, ServedTensor, select_outputs
+from serve.tasks.base import ProtocolTask, Serving, only_params
 from serve.tasks.images import IMAGE_FIELDS, OneImageEach, each_image, image_route
 
 SMALL_ENOUGH = 2  # an upload of up to twice the model's input pixels goes to the graph as it is
@@ -149,7 +149,7 @@ DETECTIONS = {
 }
 
 
-class ObjectDetection(ServedTask):
+class ObjectDetection(ProtocolTask):
     """A detector's labels, settings and decoding, from its manifest."""
 
     name = TASK_OBJECT_DETECTION

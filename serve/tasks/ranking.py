@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from contract.scores import SCORE_FUNCTIONS
-from serve.oip import ServedTensor, select_outputs
-from serve.oip_codec import InferRequest, OutputTensor
-from serve.runtime import best_first
+from serve.model.runtime import best_first
+from serve.protocols.oip_codec import InferRequest, OutputTensor
+from serve.protocols.tensors import ServedTensor, select_outputs
 
 CLASSIFIER_OUTPUTS = ("logits", "probabilities")
 PREDICTIONS: dict[str, Any] = {

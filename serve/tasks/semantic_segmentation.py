@@ -32,10 +32,10 @@ from contract.errors import ClientError
 from contract.manifest import labels_of
 from contract.pil_transform import Preprocessor
 from contract.signature import TASK_SEMANTIC_SEGMENTATION
-from serve.endpoint import Answer, Endpoint, Incoming
-from serve.oip import IMAGE_INPUT, ServedTensor, select_outputs
-from serve.oip_codec import InferRequest, OutputTensor
-from serve.tasks.base import ServedTask, Serving, only_params
+from serve.http.endpoint import Answer, Endpoint, Incoming
+from serve.protocols.oip_codec import InferRequest, OutputTensor
+from serve.protocols.tensors import IMAGE_INPUT, ServedTensor, select_outputs
+from serve.tasks.base import ProtocolTask, Serving, only_params
 from serve.tasks.images import BINARY, IMAGE_FIELDS, OneImageEach, each_image, image_route
 
 SEGMENT_FORMATS = ("png", "json")
@@ -58,7 +58,7 @@ SUMMARY = {
 }
 
 
-class SemanticSegmentation(ServedTask):
+class SemanticSegmentation(ProtocolTask):
     """A segmenter's labels, resize and decoding, from its manifest."""
 
     name = TASK_SEMANTIC_SEGMENTATION

@@ -29,9 +29,9 @@ from contract.errors import ClientError
 from contract.manifest import labels_of
 from contract.signature import TASK_TEXT_CLASSIFICATION
 from contract.tokenizer_spec import Encoded
-from serve.endpoint import Answer, Endpoint, Incoming
-from serve.oip import ServedTensor
-from serve.oip_codec import InferRequest, OutputTensor
+from serve.http.endpoint import Answer, Endpoint, Incoming
+from serve.protocols.oip_codec import InferRequest, OutputTensor
+from serve.protocols.tensors import ServedTensor
 from serve.tasks.base import Serving, checked_top_k, json_route
 from serve.tasks.images import TOP_K
 from serve.tasks.ranking import (

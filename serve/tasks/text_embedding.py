@@ -32,13 +32,13 @@ from contract.errors import ClientError
 from contract.prompts import Prompts
 from contract.signature import TASK_TEXT_EMBEDDING
 from contract.tokenizer_spec import MASK, Encoded
-from serve.endpoint import Answer, Endpoint, Incoming
-from serve.json_body import parse_json
-from serve.oip import select_outputs
-from serve.oip_codec import InferRequest, OutputTensor
+from serve.http.endpoint import Answer, Endpoint, Incoming
+from serve.http.json_body import parse_json
+from serve.model.tensor_inputs import check_rows
+from serve.protocols.oip_codec import InferRequest, OutputTensor
+from serve.protocols.tensors import select_outputs
 from serve.tasks.base import Serving, json_route, only_params
 from serve.tasks.texts import TextTask, checked_text
-from serve.tensor_inputs import check_rows
 
 ENCODINGS = ("float", "base64")
 VECTORS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}

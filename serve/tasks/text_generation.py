@@ -8,8 +8,8 @@ OpenAI-compatible server serves it:
 
 The chat is rendered by the model's chat template and tokenized by the service itself (contract/generation.py: the
 ids the export proved equal to transformers'); generation runs on ONNX Runtime GenAI off the event loop
-(serve/generation.py). `stream` answers server-sent events ending `data: [DONE]`, the finish reason on the last text
-chunk. A client that disconnects stops its generation. Errors are OpenAI's body (serve/openai_api.py).
+(serve/model/generation.py). `stream` answers server-sent events ending `data: [DONE]`, the finish reason on the last
+text chunk. A client that disconnects stops its generation. Errors are OpenAI's body (serve/protocols/openai_api.py).
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ from contract.errors import ClientError
 from contract.generation import GenerationSettings, Message, PromptTokenizer, TemplateError
 from contract.signature import TASK_TEXT_GENERATION
 from serve.config import ServeConfig
-from serve.endpoint import HANDOFF, Answer, Endpoint, Incoming
-from serve.front_door import Receive
-from serve.generation import Piece
-from serve.generation_engine import Generation, GenerationEngine, Generations
-from serve.json_body import parse_json
-from serve.lanes import Lanes
-from serve.oip import ServedTensor
-from serve.oip_codec import InferRequest, OutputTensor
-from serve.openai_api import (
+from serve.http.endpoint import HANDOFF, Answer, Endpoint, Incoming
+from serve.http.front_door import Receive
+from serve.http.json_body import parse_json
+from serve.model.generation import Piece
+from serve.model.generation_engine import Generation, GenerationEngine, Generations
+from serve.model.lanes import Lanes
+from serve.model.runtime import Runtime
+from serve.protocols.openai_api import (
     DONE,
     ERROR_SCHEMA,
     Common,
@@ -44,7 +43,6 @@ from serve.openai_api import (
     parse_messages,
     parse_prompt,
 )
-from serve.runtime import Runtime
 from serve.tasks.base import ServedTask, Serving, json_route
 
 CHAT, COMPLETIONS, MODELS = "/v1/chat/completions", "/v1/completions", "/v1/models"
@@ -216,12 +214,6 @@ class TextGeneration(ServedTask):
 
     def trouble(self) -> str | None:
         return self.generations.engine.failure
-
-    def protocol_tensors(self) -> tuple[list[ServedTensor], list[ServedTensor]]:
-        return [ServedTensor("text_input", "BYTES", (-1,))], [ServedTensor("text_output", "BYTES", (-1,))]
-
-    async def infer(self, request: InferRequest) -> list[OutputTensor]:
-        raise ClientError(f"a language model is not served through the protocol's infer: POST {COMPLETIONS} or {CHAT}")
 
     def info(self) -> dict[str, Any]:
         return {

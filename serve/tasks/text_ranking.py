@@ -22,12 +22,12 @@ from contract.errors import ClientError
 from contract.scores import SCORE_FUNCTIONS
 from contract.signature import TASK_TEXT_RANKING
 from contract.tokenizer_spec import Encoded
-from serve.endpoint import Answer, Endpoint, Incoming
-from serve.json_body import parse_json
+from serve.http.endpoint import Answer, Endpoint, Incoming
+from serve.http.json_body import parse_json
+from serve.model.tensor_inputs import check_rows
 from serve.tasks.base import json_route, only_params
 from serve.tasks.text_classification import TextClassification
 from serve.tasks.texts import checked_text
-from serve.tensor_inputs import check_rows
 
 RERANK_OPTIONS = ("raw_scores", "return_text", "truncate")
 

@@ -13,10 +13,10 @@ import orjson
 from contract.errors import ClientError
 from contract.manifest import read_artifact
 from contract.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
-from serve.oip import TEXT_INPUT, TEXT_PAIR_INPUT, ServedTensor
-from serve.oip_codec import InferRequest
-from serve.tasks.base import ServedTask, Serving
-from serve.tensor_inputs import check_rows
+from serve.model.tensor_inputs import check_rows
+from serve.protocols.oip_codec import InferRequest
+from serve.protocols.tensors import TEXT_INPUT, TEXT_PAIR_INPUT, ServedTensor
+from serve.tasks.base import ProtocolTask, Serving
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ of CPU itself; a longer one goes to a decoder thread"""
 
 
 class PaddedSequences:
-    """serve/batch_shape.py's batch shape for token inputs: any lengths share a batch, padded to the longest (the
+    """serve/model/batch_shape.py's batch shape for token inputs: any lengths share a batch, padded to the longest (the
     pad token's id, a zero mask), up to `max_tokens` padded tokens in all."""
 
     def __init__(self, settings: TokenizerSettings, max_tokens: int | None = None) -> None:
@@ -117,7 +117,7 @@ def text_of_body(body: bytes, content_type: str, max_chars: int, options: dict[s
     return checked_text(document["text"], max_chars, '"text"'), {k: v for k, v in document.items() if k != "text"}
 
 
-class TextTask(ServedTask):
+class TextTask(ProtocolTask):
     """A task whose requests are texts: its tokenizer (the `tokenizers` library, no transformers, no torch), loaded
     from the bytes the manifest vouches for, truncating as it did in training; texts of any length share a call."""
 

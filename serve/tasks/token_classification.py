@@ -28,9 +28,9 @@ from contract.manifest import labels_of
 from contract.scores import softmax
 from contract.signature import TASK_TOKEN_CLASSIFICATION
 from contract.tokenizer_spec import Encoded
-from serve.endpoint import Answer, Endpoint, Incoming
-from serve.oip import ServedTensor, select_outputs
-from serve.oip_codec import InferRequest, OutputTensor
+from serve.http.endpoint import Answer, Endpoint, Incoming
+from serve.protocols.oip_codec import InferRequest, OutputTensor
+from serve.protocols.tensors import ServedTensor, select_outputs
 from serve.tasks.base import Serving, json_route
 from serve.tasks.texts import TextTask, text_bodies, text_of_body
 

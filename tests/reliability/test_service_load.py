@@ -5,11 +5,11 @@
   after warm-up under a fortieth of what the deployment requests for a replica (conftest.attack_memory_mb),
   p99 latency printed (1,000 requests in `make test`, 10,000 in `make soak`), with
   the default request timeout (BentoML's own timeout middleware kept each request's context until the timeout
-  had passed, so this soak once set 10 s; serve/deadline.py frees it when the request ends);
+  had passed, so this soak once set 10 s; serve/http/deadline.py frees it when the request ends);
 - more concurrency than HANDOFF_MAX_CONCURRENCY: 429 at once, never a timeout, and the service recovers;
 - a kept-alive connection outlasts uvicorn's own 5 s (HANDOFF_KEEP_ALIVE_S), so that clients close idle
   connections first; a request sent just as the server's keep-alive timeout runs out is answered, or the
-  client sees the connection closed before it sends: never a reset (serve/connections.py).
+  client sees the connection closed before it sends: never a reset (serve/http/connections.py).
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def test_requests_at_the_keep_alive_deadline_are_not_reset_by_a_late_close(expor
     """300 connections each send a request, wait until about the keep-alive deadline and send another, while
     other clients keep the event loop busy. A client (httpx, a browser) checks a pooled connection for the
     server's end-of-stream before reusing it, as this one does; what it cannot survive is a reset for a request
-    sent on a connection that looked open. Before serve/connections.py closed idle connections carefully, ~1
+    sent on a connection that looked open. Before serve/http/connections.py closed idle connections carefully, ~1
     in 40 of these was reset."""
     image = png_bytes(digit_images(1)[0][0])
     raw = _raw_request(image)
@@ -291,7 +291,7 @@ def test_requests_at_the_keep_alive_deadline_are_not_reset_by_a_late_close(expor
     counts = {outcome: outcomes.count(outcome) for outcome in sorted(set(outcomes))}
     print(f"\n300 requests sent around the {KEEP_ALIVE_S:g} s keep-alive deadline under load: {counts}")
     # A request sent in the microseconds between the server's last look and its end-of-stream cannot be saved by
-    # any server (RFC 9112 9.3.1: a client retries it); what serve/connections.py promises is that this window is
+    # any server (RFC 9112 9.3.1: a client retries it); what serve/http/connections.py promises is that this window is
     # microseconds, not the event loop's turn (~1 in 40 of these was reset before: 7 or 8 of 300).
     kept = {"answered 200", "closed, seen before sending"}
     assert sum(n for outcome, n in counts.items() if outcome not in kept) <= 2, counts

@@ -1,4 +1,4 @@
-"""The adaptive batcher in process (serve/batching.py): concurrent calls are batched, each caller gets its own
+"""The adaptive batcher in process (serve/model/batching.py): concurrent calls are batched, each caller gets its own
 rows back, what queued while the model ran is the next batch, a caller that left is skipped, the model's
 error reaches its batch's callers only, and overload is answered with 503."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from contract.errors import ClientError
-from serve.batching import ModelBatcher, ModelFailed
+from serve.model.batching import ModelBatcher, ModelFailed
 
 BUSY_S = 0.3  # how long the first caller holds the event loop in the test of overlapping batches
 
@@ -385,7 +385,7 @@ def test_a_batcher_that_refuses_every_request_says_so_and_recovers(monkeypatch):
     """A model call that never ends (a wedged runtime): every request after it is refused, and after
     REFUSING_UNREADY_S of that the batcher says so (the service then answers not ready); once the model answers
     again, or the refusals stop, it is ready."""
-    import serve.batching as batching
+    import serve.model.batching as batching
 
     monkeypatch.setattr(batching, "REFUSING_UNREADY_S", 0.3)
     release = threading.Event()
@@ -438,7 +438,7 @@ async def _refusal_of(batcher: ModelBatcher, rows: np.ndarray, refused: list) ->
 
 @pytest.mark.parametrize("lanes", [1, 2])
 def test_with_two_lanes_a_request_runs_while_another_batch_is_still_running(lanes: int):
-    """Lanes (serve/lanes.py): a request that comes while a batch runs takes a free lane at once; with one lane it
+    """Lanes (serve/model/lanes.py): a request that comes while a batch runs takes a free lane at once; with one lane it
     waits for that batch to end."""
     release = threading.Event()
     running, most_at_once, batches = [0], [0], []

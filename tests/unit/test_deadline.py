@@ -1,11 +1,11 @@
-"""The request deadline (serve/deadline.py) in process, with httpx's ASGI transport in front of tiny apps."""
+"""The request deadline (serve/http/deadline.py) in process, with httpx's ASGI transport in front of tiny apps."""
 
 import asyncio
 
 import httpx
 import pytest
 
-from serve.deadline import ResponseDeadline
+from serve.http.deadline import ResponseDeadline
 
 
 def answer_after(seconds: float, then_stream: float = 0.0):

@@ -1,12 +1,12 @@
-"""Deadlines checked by one timer a tick (serve/deadline_sweep.py): they expire as asyncio.timeout's do, a tick late
-at most, and the deadlines met leave nothing behind."""
+"""Deadlines checked by one timer a tick (serve/http/deadline_sweep.py): they expire as asyncio.timeout's do, a tick
+late at most, and the deadlines met leave nothing behind."""
 
 import asyncio
 import time
 
 import pytest
 
-from serve.deadline_sweep import DeadlineSweep
+from serve.http.deadline_sweep import DeadlineSweep
 
 
 def test_a_deadline_past_its_length_raises_timeout_error_in_place_within_a_tick():
@@ -104,7 +104,7 @@ def test_a_sweep_serves_a_second_event_loop():
 
 
 def test_keys_recorded_fall_due_in_turn_and_a_failing_expiry_stops_none_of_the_others():
-    """A sweep of keys (serve/connections.py's header deadlines): `on_due` for each recorded and not forgotten,
+    """A sweep of keys (serve/http/connections.py's header deadlines): `on_due` for each recorded and not forgotten,
     a key recorded again is due from then, and one whose expiry raises leaves the sweep running."""
     called: list[tuple[str, float]] = []
 

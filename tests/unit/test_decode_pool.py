@@ -1,4 +1,4 @@
-"""The decode pool (serve/decode_pool.py): work off the event loop, at most one piece a thread at once, results
+"""The decode pool (serve/model/decode_pool.py): work off the event loop, at most one piece a thread at once, results
 and exceptions back to their callers, a cancelled caller's work never run."""
 
 import asyncio
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from serve.decode_pool import DecodePool
+from serve.model.decode_pool import DecodePool
 
 
 def test_every_caller_gets_its_own_result_or_exception():

@@ -1,4 +1,4 @@
-"""serve/form.py on bodies that real clients build (httpx's multipart encoder), and on broken ones."""
+"""serve/http/form.py on bodies that real clients build (httpx's multipart encoder), and on broken ones."""
 
 import os
 import time
@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from contract.errors import ClientError
-from serve.form import MAX_PARTS, read_form
+from serve.http.form import MAX_PARTS, read_form
 
 FIELDS = {"image": "file", "top_k": "integer", "note": "text"}
 

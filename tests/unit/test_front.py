@@ -1,4 +1,4 @@
-"""serve/front.py: handoff's middlewares called by uvicorn's (guarded) protocol in front of the service's app, on a
+"""serve/http/front.py: handoff's middlewares called by uvicorn's (guarded) protocol in front of the service's app, on a
 real socket: uvicorn's proxy-header wrapper stays outermost with its settings, the middlewares run in their order,
 and what they pass on reaches the service's app."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
-from serve.connections import ConnectionLimits, guarded
-from serve.front import Front
+from serve.http.connections import ConnectionLimits, guarded
+from serve.http.front import Front
 
 seen: list[tuple[str, Any]] = []
 

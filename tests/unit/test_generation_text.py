@@ -10,8 +10,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from contract.errors import ClientError
 from contract.generation import GenerationSettings, PromptTokenizer, TemplateError, TextStream
-from serve.generation import StopStrings
-from serve.openai_api import error_body, parse_common, parse_messages, parse_prompt
+from serve.model.generation import StopStrings
+from serve.protocols.openai_api import error_body, parse_common, parse_messages, parse_prompt
 
 CHATML = (
     "{{ bos_token }}{% for message in messages %}"

@@ -1,4 +1,4 @@
-"""How a CPU runs the model (serve/lanes.py): the rule that picks lanes and the batch cap from measured rates, and
+"""How a CPU runs the model (serve/model/lanes.py): the rule that picks lanes and the batch cap from measured rates, and
 the arrangement timed on a real ONNX Runtime session."""
 
 import numpy as np
@@ -7,8 +7,8 @@ from onnx import TensorProto, helper
 
 from contract.signature import Signature, TensorSpec
 from serve.config import ServeConfig
-from serve.lanes import FREE_DIMENSION, LANES_GAIN, arrange, decide, sample_inputs
-from serve.runtime import OnnxRuntime, RuntimeUnavailable, TorchScriptRuntime
+from serve.model.lanes import FREE_DIMENSION, LANES_GAIN, arrange, decide, sample_inputs
+from serve.model.runtime import OnnxRuntime, RuntimeUnavailable, TorchScriptRuntime
 
 
 def test_lanes_are_taken_only_when_clearly_faster_and_the_cap_is_the_largest_batch_near_the_best():

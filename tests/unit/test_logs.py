@@ -6,8 +6,8 @@ import io
 import logging
 import time
 
-from serve.access_log import AccessLine, AccessLogWriter, Entry, LineFields
-from serve.logs import MAX_LOGGED, ShortValues
+from serve.observability.access_log import AccessLine, AccessLogWriter, Entry, LineFields
+from serve.observability.logs import MAX_LOGGED, ShortValues
 
 
 def record(msg: str, args: tuple) -> logging.LogRecord:
@@ -29,8 +29,8 @@ def _entry(path: str, status: int = 200) -> Entry:
 
 
 def test_the_access_log_writer_writes_every_line_and_counts_what_a_full_queue_dropped():
-    """serve/access_log.py's writer thread: lines keep their order and format; a blocked output drops lines,
-    never the event loop, and the next line written says how many went."""
+    """serve/observability/access_log.py's writer thread: lines keep their order and format; a blocked output drops
+    lines, never the event loop, and the next line written says how many went."""
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
@@ -125,7 +125,7 @@ def test_a_line_that_cannot_be_made_is_lost_alone():
 def test_controls_are_cut_before_they_are_escaped_and_bidi_controls_escaped():
     """Security round 4, items 10 and 11: a path of 10,000 control characters was escaped whole (40,000 characters
     built) before it was cut; U+202E, which reverses what a person reads, was written raw."""
-    from serve.logs import printable
+    from serve.observability.logs import printable
 
     line = printable("/\x01" * 5_000)
     assert line.endswith("...(10000 characters)") and len(line) <= 4 * MAX_LOGGED + 30
@@ -134,7 +134,7 @@ def test_controls_are_cut_before_they_are_escaped_and_bidi_controls_escaped():
 
 def test_only_the_probes_own_paths_go_unlogged():
     """Security round 4, item 11: any path merely starting with /readyz or /metrics went unlogged."""
-    from serve.access_log import SKIPPED
+    from serve.observability.access_log import SKIPPED
 
     written = []
 
@@ -169,7 +169,7 @@ async def _discard(message) -> None:
 def test_refusals_for_load_are_logged_once_every_few_seconds_with_how_many_came_since(monkeypatch):
     """An overloaded model refusing clients that send again at once: thousands of 503s a second, a line every few
     seconds saying how many; another kind of refusal has lines of its own."""
-    import serve.logs as logs
+    import serve.observability.logs as logs
 
     records: list[str] = []
     logger = logging.getLogger("handoff-test-repeats")
@@ -197,7 +197,7 @@ def test_refusals_for_load_are_logged_once_every_few_seconds_with_how_many_came_
 def test_a_record_copied_from_an_earlier_one_is_the_record_logging_makes():
     """The writer makes each line's record by copying the fields of the first it made (logging reads the thread,
     the process and the caller for each record, the same every time): the copy has every field logging gives it."""
-    from serve.access_log import make_record
+    from serve.observability.access_log import make_record
 
     first = make_record(_entry("/first"))
     later = _entry("/later", status=503)._replace(created=first.created + 2.5)

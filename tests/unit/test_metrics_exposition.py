@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import multiprocess
 
-from serve import request_metrics
+from serve.observability import request_metrics
 
 
 def test_a_worker_file_removed_while_read_is_read_again(monkeypatch, tmp_path):

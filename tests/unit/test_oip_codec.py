@@ -1,4 +1,4 @@
-"""The protocol's codec (serve/oip_codec.py) on the bodies real clients send and on hostile ones."""
+"""The protocol's codec (serve/protocols/oip_codec.py) on the bodies real clients send and on hostile ones."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.http import _utils as triton_utils
 
-from serve.oip_codec import (
+from serve.protocols.oip_codec import (
     ClientError,
     InferRequest,
     OutputTensor,

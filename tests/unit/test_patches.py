@@ -31,7 +31,7 @@ def test_the_self_check_names_each_replacement_until_it_has_taken_effect():
         import uvicorn
         from uvicorn.server import ServerState
         from serve import patches
-        from serve.connections import ConnectionLimits
+        from serve.http.connections import ConnectionLimits
 
         before = patches.not_in_effect()
         patches.install(ConnectionLimits(8, 5.0, 5.0, 5.0))

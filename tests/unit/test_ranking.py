@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from contract.scores import softmax
-from serve.oip_codec import classification_strings
-from serve.runtime import best_first
+from serve.model.runtime import best_first
+from serve.protocols.oip_codec import classification_strings
 
 
 def test_ties_rank_in_index_order():

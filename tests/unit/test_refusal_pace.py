@@ -1,5 +1,5 @@
 """Refusals for load sent at once until they come faster than clients should send them, then paced
-(serve/refusal_pace.py), through the router as a client sees them."""
+(serve/http/refusal_pace.py), through the router as a client sees them."""
 
 import os
 import time
@@ -9,15 +9,15 @@ import anyio
 import pytest
 
 from contract.errors import ClientError
-from serve import router as router_module
-from serve.endpoint import Answer
-from serve.refusal_pace import RefusalPace
+from serve.http import router as router_module
+from serve.http.endpoint import Answer
+from serve.http.refusal_pace import RefusalPace
 from tests.unit.test_router import make_client, post
 
 
 def test_refusals_go_at_once_up_to_the_rate_then_each_waits_no_longer_than_its_retry_after(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("serve.refusal_pace.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("serve.http.refusal_pace.time.monotonic", lambda: clock[0])
     pace = RefusalPace(at_once_per_s=3, pause_s=0.5)
     assert [pace.pause_for(1) for _ in range(5)] == [0, 0, 0, 0.5, 0.5]
     assert pace.pause_for(0.2) == 0.2  # never past the client's own Retry-After
@@ -63,7 +63,7 @@ def test_a_body_refused_for_want_of_a_slot_is_let_go_before_its_paced_answer(mon
 
     def held_by_the_front_door() -> int:
         traces = tracemalloc.take_snapshot().filter_traces(
-            [tracemalloc.Filter(True, "*serve/front_door.py"), tracemalloc.Filter(True, "*serve/form.py")]
+            [tracemalloc.Filter(True, "*serve/http/front_door.py"), tracemalloc.Filter(True, "*serve/http/form.py")]
         )
         return sum(stat.size for stat in traces.statistics("filename"))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from serve.request_metrics import RequestMetrics, _service_labels
+from serve.observability.request_metrics import RequestMetrics, _service_labels
 
 PATH = "/classify"
 

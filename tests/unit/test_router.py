@@ -1,15 +1,15 @@
-"""The one router (serve/router.py) and the front door's checks (serve/front_door.py) in process, with httpx's ASGI
-transport in front of tiny handlers."""
+"""The one router (serve/http/router.py) and the front door's checks (serve/http/front_door.py) in process, with
+httpx's ASGI transport in front of tiny handlers."""
 
 import anyio
 import httpx
 import pytest
 
 from contract.errors import ClientError
-from serve.endpoint import BENTOML, HANDOFF, Answer, Endpoint, RouteTable
-from serve.form import small_integer
-from serve.front_door import MULTIPART, BodyRoute, FrontDoor, Slots
-from serve.router import Router
+from serve.http.endpoint import BENTOML, HANDOFF, Answer, Endpoint, RouteTable
+from serve.http.form import small_integer
+from serve.http.front_door import MULTIPART, BodyRoute, FrontDoor, Slots
+from serve.http.router import Router
 
 FIELDS = {"image": "file", "top_k": "integer"}
 
@@ -196,7 +196,7 @@ def test_a_text_orjson_refuses_is_still_answered_as_valid_json():
     """send_json writes with orjson, which refuses a lone surrogate; the standard library escapes it."""
     import json
 
-    from serve.front_door import send_json
+    from serve.http.front_door import send_json
 
     sent: list[dict] = []
 

@@ -1,4 +1,4 @@
-"""The route table (serve/endpoint.py's `RouteTable`, the routes every model has in serve/routes.py, a served
+"""The route table (serve/http/endpoint.py's `RouteTable`, the routes every model has in serve/http/routes.py, a served
 task's added as it loads) and what is made from it: the router's matcher, the paths open without a key, the
 /metrics paths and the OpenAPI document; the registries of tasks in agreement; and the service's BentoML tracing
 setting."""
@@ -12,13 +12,13 @@ import pytest
 import contract.signature
 from contract.errors import ClientError
 from export.tasks import TASKS as EXPORT_TASKS
-from serve.endpoint import BENTOML, HANDOFF, Answer, Endpoint, RouteTable, open_paths
-from serve.oip import ProtocolSurface
-from serve.routes import route_table
+from serve.http.endpoint import BENTOML, HANDOFF, Answer, Endpoint, RouteTable, open_paths
+from serve.http.routes import route_table
+from serve.observability.tracing import EVERY_URL, service_tracing
+from serve.protocols.oip import ProtocolSurface
 from serve.tasks import TASKS as SERVED_TASKS
 from serve.tasks.base import ServedTask, json_route
 from serve.tasks.images import image_route
-from serve.tracing import EVERY_URL, service_tracing
 
 
 def table() -> RouteTable:

@@ -11,7 +11,7 @@ import pytest
 
 from contract.errors import ClientError
 from contract.tokenizer_spec import TokenizerSettings, pad_to_longest
-from serve.batching import ModelBatcher
+from serve.model.batching import ModelBatcher
 from serve.tasks.texts import PaddedSequences, text_of_body, texts_of_elements
 
 SETTINGS = TokenizerSettings("tokenizer.json", 8, 0, "[PAD]", "right", ("input_ids", "attention_mask"))

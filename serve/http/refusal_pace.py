@@ -12,8 +12,8 @@ The first refusals of an overload go at once (a load balancer moves on to anothe
 flood is paced. A paused refusal costs a sleeping coroutine and the connection its client already holds; when the
 refusal comes from a handler, its processing slot (and the request's body) stays held during the pause, so
 HANDOFF_MAX_CONCURRENCY bounds how many wait at once; one refused before any handler (no slot free) lets go of its
-body first (serve/router.py), and HANDOFF_MAX_CONNECTIONS bounds how many of those wait. A connection whose refusal
-waits is sheddable at that cap as an idle one is (serve/connections.py): a flood of paced refusals once held every
+body first (serve/http/router.py), and HANDOFF_MAX_CONNECTIONS bounds how many of those wait. A connection whose refusal
+waits is sheddable at that cap as an idle one is (serve/http/connections.py): a flood of paced refusals once held every
 connection of the cap, and no fresh one, a health probe's included, got in (security round 5).
 """
 

@@ -9,11 +9,11 @@ these bounds live in uvicorn's HTTP protocol: `guarded` makes a subclass of uvic
 them, which serve/patches.py makes uvicorn's default before BentoML's worker starts it (uvicorn's range in
 pyproject.toml is narrow for that reason; tests/test_serve_attacks.py holds it to its promises).
 
-The idle and header deadlines are each watched by one timer a tick (serve/deadline_sweep.py), not a timer armed
+The idle and header deadlines are each watched by one timer a tick (serve/http/deadline_sweep.py), not a timer armed
 and cancelled for every request's first byte.
 
 At the cap, a new connection sheds the oldest one that has no request in progress (idle, or still sending
-its headers) or whose request only waits to send a paced refusal (serve/refusal_pace.py), so a probe that connects
+its headers) or whose request only waits to send a paced refusal (serve/http/refusal_pace.py), so a probe that connects
 afresh is answered even while thousands of idle sockets are open or a flood of refused clients holds the cap; only
 when every connection is busy with a request is the new one closed. Each shed is counted and logged, at most
 one line every few seconds.
@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from serve.deadline_sweep import DeadlineSweep
-from serve.refusal_pace import PACED
+from serve.http.deadline_sweep import DeadlineSweep
+from serve.http.refusal_pace import PACED
 
 log = logging.getLogger("bentoml.handoff.connections")
 
@@ -138,7 +138,7 @@ def guarded(
     protocol: type[asyncio.Protocol], limits: ConnectionLimits, app_around: Callable[[Any], Any] | None = None
 ) -> type[asyncio.Protocol]:
     """A subclass of uvicorn's HTTP protocol class `protocol` that enforces `limits`; `app_around`, given uvicorn's
-    app, returns the app its connections call instead (serve/front.py)."""
+    app, returns the app its connections call instead (serve/http/front.py)."""
     cap = limits.effective_max()
     shedding = _Shedding()
     # A fresh connection's first byte, and each request's headers, are waited for under one timer a tick each.
@@ -157,8 +157,8 @@ def guarded(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.timeout_keep_alive = limits.keep_alive_s  # uvicorn's attribute, read after each response
-            # uvicorn's own access line (handoff's is serve/access_log.py): uvicorn makes its arguments for every
-            # response whenever any handler exists, the root's included, even where the logger writes nothing
+            # uvicorn's own access line (handoff's is serve/observability/access_log.py): uvicorn makes its arguments
+            # for every response whenever any handler exists, the root's included, even where the logger writes nothing
             # (BentoML's server leaves it at WARNING): a quoted path and the client's address, made for nothing.
             self.access_log = self.access_log and self.access_logger.isEnabledFor(logging.INFO)  # type: ignore[has-type]
             if app_around is not None:  # uvicorn's attribute: the app each request of this connection calls
@@ -253,7 +253,8 @@ def guarded(
             return cycle is not None and not cycle.response_complete
 
         def _paced(self) -> bool:
-            """Waiting only to send a refusal for load (serve/refusal_pace.py): sheddable like an idle connection."""
+            """Waiting only to send a refusal for load (serve/http/refusal_pace.py): sheddable like an idle
+            connection."""
             cycle = getattr(self, "cycle", None)
             return cycle is not None and not cycle.response_complete and bool(cycle.scope.get(PACED))
 

@@ -4,8 +4,8 @@ answered 504, as BentoML's own TimeoutMiddleware does, at less cost per request.
 BentoML's runs each request in a task of its own and arms a timer it never cancels: every answered request
 leaves its timer, future and closures on the event loop until the timeout passes (60 s of requests, ~4 KB
 each), and pays a task switch. This one cancels the request in place (an `asyncio.timeout` that
-serve/deadline_sweep.py expires, with no timer of its own), drops the deadline at the response's first message,
-and frees it when the request ends. It is the outermost of handoff's middlewares (serve/front.py), and BentoML
+serve/http/deadline_sweep.py expires, with no timer of its own), drops the deadline at the response's first message,
+and frees it when the request ends. It is the outermost of handoff's middlewares (serve/http/front.py), and BentoML
 builds it in its own middleware's place for the requests its app answers (serve/patches.py: no configuration
 leaves BentoML's out).
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.deadline_sweep import DeadlineSweep
-from serve.front_door import Receive, Scope, Send, send_json
+from serve.http.deadline_sweep import DeadlineSweep
+from serve.http.front_door import Receive, Scope, Send, send_json
 
 
 class ResponseDeadline:

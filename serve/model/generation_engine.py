@@ -1,5 +1,5 @@
 """The generation engine: a process of its own that holds the language model (ONNX Runtime GenAI holds the GIL while
-it computes, serve/generation.py), and the serving process's side of it.
+it computes, serve/model/generation.py), and the serving process's side of it.
 
     serving process (event loop)                              engine process
     Generations.start -> ("start", id, prompt ids, sampling) ->  a thread per generation: generate()
@@ -30,7 +30,7 @@ import numpy as np
 from contract.errors import ClientError
 from contract.generation import GENAI_MODEL, TOKENIZER, GenerationSettings, PromptTokenizer
 from contract.manifest import read_artifact
-from serve.generation import Piece, Sampling, generate, open_model, verified_copy
+from serve.model.generation import Piece, Sampling, generate, open_model, verified_copy
 
 log = logging.getLogger("bentoml.handoff")
 LOAD_TIMEOUT_S = 600

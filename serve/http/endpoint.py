@@ -1,9 +1,9 @@
 """One row of the route table, what a handler is given and gives back (`Incoming`, `Answer`), and the table itself
-(`RouteTable`): the routes every model has (serve/routes.py) and the served task's own (its `endpoints()`,
+(`RouteTable`): the routes every model has (serve/http/routes.py) and the served task's own (its `endpoints()`,
 serve/tasks/), added once it has loaded; what the router matches, the metrics know and /docs.json documents.
 
 Who answers a row:
-- HANDOFF: serve/router.py calls the row's handler, after the front door has read and bounded the body of a row
+- HANDOFF: serve/http/router.py calls the row's handler, after the front door has read and bounded the body of a row
   that takes one (`body`);
 - BENTOML: BentoML's own routes (its probes), listed so the table is whole and the document shows them.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from starlette.routing import compile_path
 
 from contract.errors import ClientError
-from serve.front_door import BodyRoute, Receive, Scope, query_params
-from serve.logs import printable
+from serve.http.front_door import BodyRoute, Receive, Scope, query_params
+from serve.observability.logs import printable
 
 HANDOFF, BENTOML = "handoff", "bentoml"
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -109,7 +109,7 @@ class Endpoint:
 
 
 class RouteTable:
-    """Every route the service answers: `common` (serve/routes.py) from the start, and the served task's own once
+    """Every route the service answers: `common` (serve/http/routes.py) from the start, and the served task's own once
     it has loaded (`serve`). The router matches against it and the metrics ask it which paths are known; /docs.json
     documents it, so a model's document lists the routes it answers and no other."""
 

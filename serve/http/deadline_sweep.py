@@ -1,6 +1,6 @@
 """Deadlines of one length, checked by one timer a tick instead of a timer armed and cancelled for each request.
 
-Every request has two deadlines (its body's, serve/front_door.py, and its response's, serve/deadline.py), and
+Every request has two deadlines (its body's, serve/http/front_door.py, and its response's, serve/http/deadline.py), and
 nearly every request meets both. `asyncio.timeout(seconds)` arms a timer on entry and cancels it on exit: at
 c=64 on the digits model, arming, moving and cancelling them took ~9% of the event loop's samples (py-spy). Here
 each deadline is an `asyncio.timeout(None)` (no timer of its own) recorded with the time it is due; one timer
@@ -11,7 +11,7 @@ fall due, and a tick looks only at those due. A deadline expires up to a tick la
 length, at most 0.1 s.
 
 A sweep also watches deadlines that are not a coroutine's: `record(key)` and `forget(key)`, with the sweep's
-`on_due(key)` called when one falls due (serve/connections.py's deadlines for a fresh connection's first byte
+`on_due(key)` called when one falls due (serve/http/connections.py's deadlines for a fresh connection's first byte
 and for a request's headers, armed at every request's first byte).
 """
 

@@ -3,7 +3,7 @@ handlers), a refusal for load (a 503 or 429 with Retry-After) summarized (`Repea
 line or breaking one.
 
 The access log prints the raw request path: a scanner's 10 KB paths would fill the log, and a newline in one
-would forge a line. (The access log's line itself: serve/access_log.py.)
+would forge a line. (The access log's line itself: serve/observability/access_log.py.)
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ import numpy as np
 
 from contract.signature import Signature
 from serve.config import ServeConfig
-from serve.runtime import Runtime, RuntimeUnavailable
+from serve.model.runtime import Runtime, RuntimeUnavailable
 
 log = logging.getLogger("bentoml.handoff.lanes")
 

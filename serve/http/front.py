@@ -1,11 +1,11 @@
 """handoff's middlewares called by uvicorn directly, in front of BentoML's app rather than inside it.
 
-handoff's router (serve/router.py) answers every handoff route itself; BentoML's app only answers its own probes.
+handoff's router (serve/http/router.py) answers every handoff route itself; BentoML's app only answers its own probes.
 Inside BentoML's app, each request first went through the layers it wraps every request in: Starlette's error
 middleware and application, OpenTelemetry's middleware (which builds each request's URL to test it against the
-exclusion that serve/tracing.py configures, even with tracing off) and BentoML's timeout. Those layers answer
-nothing for a handoff route; they only cost. So uvicorn's protocol, which handoff subclasses already
-(serve/connections.py), calls handoff's middlewares itself, with BentoML's whole app as the router's inner app
+exclusion that serve/observability/tracing.py configures, even with tracing off) and BentoML's timeout. Those layers
+answer nothing for a handoff route; they only cost. So uvicorn's protocol, which handoff subclasses already
+(serve/http/connections.py), calls handoff's middlewares itself, with BentoML's whole app as the router's inner app
 for the requests it does not answer (BentoML's probes). uvicorn's own wrappers (the proxy headers, the message
 log) stay outermost, as uvicorn put them.
 

@@ -3,8 +3,8 @@
 BentoML's AccessLogMiddleware builds its line and its log record on the event loop after each response, and hands it
 to the log's handlers there: about twice the loop's CPU of the request's own front door (docs/history.md). So the
 service turns BentoML's off in its configuration (`logging.access.enabled: false`) and adds `AccessLine` to its
-middlewares (serve/front.py): the same line, logger, fields and skipped paths as BentoML's defaults, but the loop only
-hands over what the line is made of: the request's scope, the response's first message, the latency, the time, and
+middlewares (serve/http/front.py): the same line, logger, fields and skipped paths as BentoML's defaults, but the loop
+only hands over what the line is made of: the request's scope, the response's first message, the latency, the time, and
 the request's context, where BentoML's log filters read the trace ids. A writer thread makes the records, runs the
 filters inside that context, formats them and writes the lines of up to 50 ms at a time (one wake-up and one write
 each, not one per line). Past 10,000 waiting lines (a blocked stdout: a log collector that stops reading) lines are
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from serve.front_door import Receive, Scope, Send
+from serve.http.front_door import Receive, Scope, Send
 
 LINE = "%s (%s) (%s) %.3fms"  # BentoML's: address (request) (response) latency
 ACCESS_QUEUE_LINES = 10_000  # lines waiting for the writer; past that (stdout blocked) they are counted, not kept

@@ -72,7 +72,7 @@ class Common:
 
     max_tokens: int | None
     options: dict[str, Any]
-    """Sampling's other fields (serve/generation.py)"""
+    """Sampling's other fields (serve/model/generation.py)"""
     stream: bool
     include_usage: bool
 

@@ -1,4 +1,4 @@
-"""The page at GET / (serve/static/index.html) and the headers it is sent with.
+"""The page at GET / (serve/http/static/index.html) and the headers it is sent with.
 
 Its Content-Security-Policy allows the page's own inline script and style, by hash, and nothing else: no
 other script, no framing, no content sniffing; it may only talk to this service.

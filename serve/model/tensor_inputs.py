@@ -16,7 +16,7 @@ import orjson
 
 from contract.errors import ClientError
 from contract.signature import Signature, TensorSpec
-from serve.oip_codec import OIP_DATATYPE, fits_integers, json_array
+from serve.protocols.oip_codec import OIP_DATATYPE, fits_integers, json_array
 
 
 def _convert(array: np.ndarray, spec: TensorSpec) -> np.ndarray:

@@ -2,14 +2,14 @@
 never stalls the loop and at most that many large images are decoded (and held in memory) at once.
 
 The threads take their work from a queue themselves (a condition variable, as the model's lanes do in
-serve/batching.py), and what they finish is handed back to the event loop in bulk: one callback sets the results
+serve/model/batching.py), and what they finish is handed back to the event loop in bulk: one callback sets the results
 of every piece finished since the last, however many. asyncio's `run_in_executor`, which this pool used before,
 wraps a concurrent future in an asyncio one and wakes the loop once per piece: a hop cost the loop ~29 us of CPU
 against ~12 us here (a micro-benchmark of the two hops alone, 64 at a time on two threads; docs/history.md has
 the served A/B). A request cancelled while its work waits for a thread (its deadline passed) is dropped before it
 runs.
 
-The pool also says what is on its way to the model (serve/batching.py reads it): how many requests it holds
+The pool also says what is on its way to the model (serve/model/batching.py reads it): how many requests it holds
 (decoding, or waiting for a thread), and how long one takes to decode.
 """
 
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from serve.batching import settle
+from serve.model.batching import settle
 
 T = TypeVar("T")
 

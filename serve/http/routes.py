@@ -2,8 +2,8 @@
 Inference Protocol. serve/service.py builds the route table from them (`route_table`); the served task adds its
 own (its `endpoints()`: /classify, /detect, /embed, /v1/chat/completions, ... in serve/tasks/) once it has loaded.
 
-serve/router.py dispatches every request from the table: a row that takes a body (`body`) is read and bounded
-by the front door first (serve/front_door.py: limits, content types, the request slots); BentoML's own probes are
+serve/http/router.py dispatches every request from the table: a row that takes a body (`body`) is read and bounded
+by the front door first (serve/http/front_door.py: limits, content types, the request slots); BentoML's own probes are
 listed so the table is whole. The same table gives the OpenAPI document at /docs.json, the paths with their own
 /metrics series and the paths open without a key.
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from serve.endpoint import BENTOML, HANDOFF, Answer, Endpoint, Incoming, RouteTable
-from serve.front_door import BodyRoute
-from serve.oip import ProtocolSurface
-from serve.page import PAGE, PAGE_HEADERS
-from serve.request_metrics import metrics_page
+from serve.http.endpoint import BENTOML, HANDOFF, Answer, Endpoint, Incoming, RouteTable
+from serve.http.front_door import BodyRoute
+from serve.http.page import PAGE, PAGE_HEADERS
+from serve.observability.request_metrics import metrics_page
+from serve.protocols.oip import ProtocolSurface
 
 BINARY = {"type": "string", "format": "binary"}
 PAGE_BYTES = PAGE.read_bytes()

@@ -20,7 +20,7 @@ Each lane is a thread that takes its batches from the queue itself: when a batch
 model runs. The event loop only queues requests and sends answers; it is never between two batches. (When it was,
 each batch waited for the loop's turn behind the answers being sent: 4 ms at the median between a text
 classifier's batches at c=64, the lanes busy 93% of the time; docs/history.md.) On a CPU the model may run
-several batches at once (`lanes`, chosen by serve/lanes.py), each lane on a session of one thread, so one request
+several batches at once (`lanes`, chosen by serve/model/lanes.py), each lane on a session of one thread, so one request
 runs while another lane's batch is still going. A lane's thread starts with the first request that finds no lane
 free, and stays (a GPU runtime keeps per-thread state, which a new thread would build again).
 
@@ -31,7 +31,7 @@ batch, in its turn.
 
 Where decoding is the bottleneck (12-megapixel photos, a cheap model), images reach an idle model one at a
 time, and a batch of one costs the model nearly what a batch of eight does. So while requests wait for a decoder
-(`upstream`, serve/decode_pool.py) and more of them are still being decoded than have queued, the next batch
+(`upstream`, serve/model/decode_pool.py) and more of them are still being decoded than have queued, the next batch
 waits for them, up to HOLD_DECODES decodes' time and never past a tenth of max_latency_ms. At low load nothing
 waits for a decoder and nothing is held.
 
@@ -66,7 +66,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from contract.errors import ClientError
-from serve.batch_shape import BatchShape, Rows, SameShape, rows_in, split_rows
+from serve.model.batch_shape import BatchShape, Rows, SameShape, rows_in, split_rows
 
 log = logging.getLogger("bentoml.handoff.batching")
 

@@ -1,5 +1,5 @@
-"""How requests share a batch (serve/batching.py): which rows may be joined, how they are joined, and how a batch's
-outputs are cut back into each caller's rows. SameShape is the default; a task may bring its own BatchShape
+"""How requests share a batch (serve/model/batching.py): which rows may be joined, how they are joined, and how a
+batch's outputs are cut back into each caller's rows. SameShape is the default; a task may bring its own BatchShape
 (serve/tasks/texts.py pads token sequences, serve/tasks/images.py runs each image alone)."""
 
 from __future__ import annotations

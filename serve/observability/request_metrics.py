@@ -4,7 +4,7 @@ BentoML's own request metrics are turned off in the service's configuration (`me
 for two measured reasons. They are labelled by the raw request path, so every unknown path a scanner sends
 would add series that live until the worker restarts; and its middleware looks up four labelled series by
 five values for every request (tens of microseconds of the event loop each, docs/history.md). This
-middleware, one of handoff's own (serve/front.py), keeps BentoML's series (`bentoml_service_request_total`,
+middleware, one of handoff's own (serve/http/front.py), keeps BentoML's series (`bentoml_service_request_total`,
 `..._request_duration_seconds`, `..._request_in_progress`, `..._last_request_timestamp_seconds`) with the same
 labels, counts a path the service does not serve under one constant (`UNKNOWN`), and looks each labelled
 series up once. tests/test_serve.py checks the series under junk paths.
@@ -29,8 +29,8 @@ import prometheus_client
 from prometheus_client import multiprocess
 from starlette.concurrency import run_in_threadpool
 
-from serve.endpoint import Answer, Incoming
-from serve.front_door import Receive, Scope, Send
+from serve.http.endpoint import Answer, Incoming
+from serve.http.front_door import Receive, Scope, Send
 
 UNKNOWN = "/__unknown_path__"
 NAMESPACE = "bentoml_service"

@@ -1,4 +1,4 @@
-"""What runs inside the generation engine's process (serve/generation_engine.py starts it): the ONNX Runtime GenAI
+"""What runs inside the generation engine's process (serve/model/generation_engine.py starts it): the ONNX Runtime GenAI
 model opened from a private copy of the files the manifest verified, and generations on it, each on its own thread.
 
 A generation is one `og.Generator` on the shared model, fed the ids the service's own tokenizer made

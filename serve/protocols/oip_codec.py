@@ -22,8 +22,8 @@ import numpy as np
 import orjson  # parses a JSON tensor's numbers several times faster than json
 
 from contract.errors import ClientError
-from serve.json_body import not_json_numbers
-from serve.runtime import best_first
+from serve.http.json_body import not_json_numbers
+from serve.model.runtime import best_first
 
 # The protocol's datatypes and NumPy's (little-endian, as the binary extension sends them); BYTES is a list.
 DATATYPES: dict[str, str] = {

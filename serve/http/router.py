@@ -1,9 +1,9 @@
-"""The one router: every request, GET or POST, is matched against the route table (serve/endpoint.py's `RouteTable`:
-serve/routes.py's routes and the served task's) here and answered by its row's handler; only BentoML's own rows (its
-probes) go on to BentoML, and a path the table does not hold is a JSON 404. It is the innermost of handoff's
-middlewares, so the access log, the metrics and the API-key gate have seen the request first.
+"""The one router: every request, GET or POST, is matched against the route table (serve/http/endpoint.py's
+`RouteTable`: serve/http/routes.py's routes and the served task's) here and answered by its row's handler; only
+BentoML's own rows (its probes) go on to BentoML, and a path the table does not hold is a JSON 404. It is the
+innermost of handoff's middlewares, so the access log, the metrics and the API-key gate have seen the request first.
 
-For a row that takes a body, the front door (serve/front_door.py) reads and bounds it first and the request then
+For a row that takes a body, the front door (serve/http/front_door.py) reads and bounds it first and the request then
 holds a processing slot while it is answered. A handler answers with an `Answer`, or raises the one client error
 (contract/errors.py), which becomes `{"error": ...}` with its status here and nowhere else: logged as one line when
 a handler raised it, recorded by the access line alone when the request was refused before (no route, the front
@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from contract.errors import ClientError
-from serve.endpoint import Answer, Endpoint, Incoming, RouteTable, plain_error
-from serve.front_door import FrontDoor, Receive, Scope, Send, json_error, query_params, send_json
-from serve.logs import CLIENT_ERROR, Repeats, client_error_args, printable
-from serve.refusal_pace import PACED, RefusalPace
+from serve.http.endpoint import Answer, Endpoint, Incoming, RouteTable, plain_error
+from serve.http.front_door import FrontDoor, Receive, Scope, Send, json_error, query_params, send_json
+from serve.http.refusal_pace import PACED, RefusalPace
+from serve.observability.logs import CLIENT_ERROR, Repeats, client_error_args, printable
 
 log = logging.getLogger("bentoml.handoff")
 refusals = Repeats(log)  # refusals for load, summarized
@@ -136,9 +136,9 @@ async def send_client_error(
 async def send_error(scope: Scope, send: Send, error: ClientError, body: dict[str, Any]) -> None:
     """`body` with the error's status, and Retry-After for an error that passes with time (an overloaded model, a
     full server): a client that waits as it says, as HTTP asks, does not spend the server's CPU on requests refused
-    again. One that does not is paced (serve/refusal_pace.py); while its refusal waits, its connection may be shed at
-    the connection cap as an idle one is (`PACED` in its scope: serve/connections.py), so a flood of paced refusals
-    never keeps a fresh connection, a probe's, out."""
+    again. One that does not is paced (serve/http/refusal_pace.py); while its refusal waits, its connection may be
+    shed at the connection cap as an idle one is (`PACED` in its scope: serve/http/connections.py), so a flood of
+    paced refusals never keeps a fresh connection, a probe's, out."""
     if error.retry_after_s is None:
         return await send_json(send, error.status, body)
     scope[PACED] = True

@@ -1,4 +1,5 @@
-"""The front door: the checks every route that takes a body gets before its handler runs (serve/router.py calls it).
+"""The front door: the checks every route that takes a body gets before its handler runs (serve/http/router.py calls
+it).
 
 It checks a request before anything is parsed: 413 for a body over the route's limit (declared or counted), 415
 for a wrong content type, 400 for wrong multipart fields (BentoML itself answers a malformed form with 500), 408
@@ -23,8 +24,8 @@ from urllib.parse import parse_qs
 import orjson
 
 from contract.errors import ClientError
-from serve.deadline_sweep import DeadlineSweep
-from serve.form import read_form
+from serve.http.deadline_sweep import DeadlineSweep
+from serve.http.form import read_form
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
