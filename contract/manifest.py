@@ -11,7 +11,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from contract.signature import TASK_IMAGE_CLASSIFICATION, TASK_TENSORS, Signature, classifier_signature
 
@@ -23,6 +23,110 @@ FORMATS = {"onnx": ONNX, "pt2": PT2, "aoti": AOTI, "torchscript": TORCHSCRIPT, "
 DEFAULT_FORMATS = ("onnx", "pt2", "torchscript", "safetensors")  # aoti is opt-in: it compiles C++ (~30 s)
 # The manifest fields the ONNX file carries too (its metadata_props), so it describes itself alone.
 EMBEDDED_FIELDS = ("format", "task", "signature", "arch", "num_classes", "labels", "input", "preprocess")
+
+
+# The manifest's shape, section by section: mypy checks every key the code reads or writes against these (a misspelt
+# or another task's key fails `make lint`). Sections a task alone writes are optional (total=False); what each holds
+# is described in docs/design.md ("The export folder").
+
+
+class Artifact(TypedDict):
+    sha256: str
+    bytes: int
+
+
+class InputSection(TypedDict):
+    shape: list[int]
+    dtype: str
+    layout: str
+
+
+class SourceSection(TypedDict, total=False):
+    checkpoint: str
+    sha256: str
+    container: str
+    weights: str
+    removed_prefixes: list[str]
+    ignored_keys: list[str]
+    device_tags: list[str]
+    files: dict[str, str]  # each file of a folder: read, or set aside and why
+    set_aside: list[str]
+
+
+class OnnxSection(TypedDict, total=False):
+    opset: int
+    external_data: bool
+    exporter: str
+    input_name: str
+    output_name: str
+
+
+class ReferenceSection(TypedDict, total=False):
+    library: str
+    version: str | None  # None: handoff's own model
+    call: str
+    not_the_library: str | None
+
+
+class HfSection(TypedDict, total=False):
+    model_type: str
+    architecture: str
+    config: str  # the file the export copied: config.json
+    dtype: str
+
+
+class Origin(TypedDict):
+    """Where the weights came from (export/job.py's `origin_fields`): every manifest's `source` and `provenance`."""
+
+    source: SourceSection
+    provenance: dict[str, Any]
+
+
+class GenaiSection(TypedDict):
+    folder: str
+    precision: str
+
+
+class Manifest(TypedDict, total=False):
+    """manifest.json, as export writes it and serve reads it."""
+
+    # every export
+    format: str
+    task: str
+    signature: dict[str, Any]
+    arch: str
+    source: SourceSection
+    provenance: dict[str, Any]
+    timings: dict[str, float]
+    parity: dict[str, Any]
+    artifacts: dict[str, Artifact]
+    versions: dict[str, str]
+    status: str
+    onnx: OnnxSection | None  # None: no ONNX file written
+    dynamic: dict[str, list[int]]
+    # image classifiers
+    num_classes: int
+    labels: list[str]
+    classes: list[str]  # an older image classifier's `labels`
+    input: InputSection
+    preprocess: dict[str, Any]
+    preprocess_check: dict[str, Any]
+    decode: dict[str, Any]
+    int8: dict[str, Any]
+    scores: str
+    # Hugging Face models
+    hf: HfSection
+    reference: ReferenceSection
+    read: list[str]
+    tokenizer: dict[str, Any]
+    embedding: dict[str, Any]
+    rerank_scores: str
+    generation: dict[str, Any]
+    generation_config: dict[str, Any]
+    genai: GenaiSection
+    # detectors and segmenters
+    detection: dict[str, Any]
+    segmentation: dict[str, Any]
 
 
 class ManifestError(Exception):
@@ -37,7 +141,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def describe_artifacts(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+def describe_artifacts(folder: Path, names: list[str]) -> dict[str, Artifact]:
     return {name: {"sha256": sha256_file(folder / name), "bytes": (folder / name).stat().st_size} for name in names}
 
 
@@ -46,9 +150,9 @@ def new_manifest(
     classes: list[str],
     preprocess: dict[str, Any],
     dtype: str,
-    origin: dict[str, Any],
+    origin: Origin,
     timings: dict[str, float],
-) -> dict[str, Any]:
+) -> Manifest:
     """The manifest's description of the model; export adds `onnx`, `parity`, `int8`, `artifacts`,
     `versions` and `status` as it writes and checks the artifacts."""
     input_shape = [-1, preprocess["channels"], preprocess["crop"], preprocess["crop"]]
@@ -71,8 +175,8 @@ def new_manifest(
 
 
 def new_tensor_manifest(
-    arch: str, signature: Signature, dynamic: dict[str, list[int]], origin: dict[str, Any], timings: dict[str, float]
-) -> dict[str, Any]:
+    arch: str, signature: Signature, dynamic: dict[str, list[int]], origin: Origin, timings: dict[str, float]
+) -> Manifest:
     """The manifest of any other model (`task` tensors): its signature instead of classes and preprocessing."""
     return {
         "format": MANIFEST_FORMAT,
@@ -85,14 +189,14 @@ def new_tensor_manifest(
     }
 
 
-def labels_of(manifest: dict[str, Any]) -> list[str] | None:
+def labels_of(manifest: Manifest) -> list[str] | None:
     """The model's class names, index by index: `labels` in every manifest (an image classifier's said `classes`
     before, and is still read); None for a model without classes."""
     labels = manifest.get("labels", manifest.get("classes"))
     return None if labels is None else list(labels)
 
 
-def embedded_fields(manifest: dict[str, Any]) -> dict[str, str]:
+def embedded_fields(manifest: Manifest) -> dict[str, str]:
     """Manifest fields as ONNX metadata_props (string values; JSON where not a string)."""
     return {
         f"handoff.{key}": value if isinstance(value, str) else json.dumps(value)
@@ -101,11 +205,11 @@ def embedded_fields(manifest: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+def write_manifest(folder: Path, manifest: Manifest) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def _listed(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+def _listed(manifest: Manifest, name: str) -> dict[str, Any]:
     """The manifest's entry for artifact `name`; ManifestError for a file it does not list."""
     listed = manifest.get("artifacts") or {}
     if name not in listed:
@@ -138,12 +242,12 @@ def _open_regular(path: Path) -> int:
     return fd
 
 
-def read_manifest_unchecked(folder: Path) -> dict[str, Any]:
+def read_manifest_unchecked(folder: Path) -> Manifest:
     """The manifest of any export, passed or not (for reports and tools; serve uses read_manifest)."""
     return json.loads((Path(folder) / MANIFEST).read_text())
 
 
-def read_manifest(folder: Path, expected_sha256: str | None = None) -> dict[str, Any]:
+def read_manifest(folder: Path, expected_sha256: str | None = None) -> Manifest:
     """The manifest of a passed export; `expected_sha256` pins the manifest file's own bytes."""
     path = Path(folder) / MANIFEST
     if not path.exists() and not path.is_symlink():
@@ -163,15 +267,15 @@ def read_manifest(folder: Path, expected_sha256: str | None = None) -> dict[str,
         raise ManifestError(f"{path}: format {found!r}, expected {MANIFEST_FORMAT!r}")
     if manifest.get("status") != "passed":
         raise ManifestError(f"{path}: export status is {manifest.get('status')!r}: parity did not pass")
-    return manifest
+    return cast(Manifest, manifest)  # its format and status checked; each task checks its own fields as it loads
 
 
-def fast_decode_checked(manifest: dict[str, Any]) -> dict[str, Any] | None:
+def fast_decode_checked(manifest: Manifest) -> dict[str, Any] | None:
     """The export's check of the fast JPEG decode (export/decode_check.py), or None for an export without one."""
     return (manifest.get("decode") or {}).get("fast")
 
 
-def fast_decode_passed(manifest: dict[str, Any]) -> bool:
+def fast_decode_passed(manifest: Manifest) -> bool:
     """Whether that check passed: the service then decodes large JPEGs the fast way unless HANDOFF_DECODE=exact."""
     return (fast_decode_checked(manifest) or {}).get("passed") is True
 
@@ -185,7 +289,7 @@ def is_export_folder(folder: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
 
 
-def copy_artifact(folder: Path, manifest: dict[str, Any], name: str, dest: Path, chunk: int = 1 << 24) -> None:
+def copy_artifact(folder: Path, manifest: Manifest, name: str, dest: Path, chunk: int = 1 << 24) -> None:
     """Artifact `name` copied to `dest` a chunk at a time (a model of gigabytes is never held whole), hashed on the
     way and checked against the manifest; `dest` is removed and ManifestError raised where it differs."""
     expected = _listed(manifest, name)["sha256"]
@@ -199,7 +303,7 @@ def copy_artifact(folder: Path, manifest: dict[str, Any], name: str, dest: Path,
         raise ManifestError(f"{name}: sha256 {digest.hexdigest()[:12]}… does not match the manifest's {expected[:12]}…")
 
 
-def read_artifact(folder: Path, manifest: dict[str, Any], name: str) -> bytes:
+def read_artifact(folder: Path, manifest: Manifest, name: str) -> bytes:
     """The bytes of artifact `name`, read once and checked against the manifest's sha256.
 
     The caller builds its runtime from these very bytes, so nothing can swap the file between the check

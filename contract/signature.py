@@ -8,6 +8,7 @@ path imports this and must not need torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,12 +81,12 @@ def classifier_signature(input_shape: list[int], num_classes: int, dtype: str = 
     )
 
 
-def read_signature(manifest: dict[str, Any]) -> Signature:
+def read_signature(manifest: Mapping[str, Any]) -> Signature:
     """The manifest's signature; a classifier export from before signatures existed gets its derived one."""
     if "signature" in manifest:
         return Signature.from_dict(manifest["signature"])
     return classifier_signature(manifest["input"]["shape"], manifest["num_classes"], manifest["input"]["dtype"])
 
 
-def read_task(manifest: dict[str, Any]) -> str:
+def read_task(manifest: Mapping[str, Any]) -> str:
     return str(manifest.get("task", TASK_IMAGE_CLASSIFICATION))

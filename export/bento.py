@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+
+from contract.manifest import Manifest
 
 DEFAULT_NAME = "handoff"
 
 
-def register(folder: Path, manifest: dict[str, Any], name: str = DEFAULT_NAME) -> str:
+def register(folder: Path, manifest: Manifest, name: str = DEFAULT_NAME) -> str:
     """Copy the export folder into a new model version; returns its tag (name:version)."""
     import bentoml
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 from tokenizers import Tokenizer
 
-from contract.manifest import new_tensor_manifest
+from contract.manifest import Manifest, new_tensor_manifest
 from contract.tokenizer_spec import MASK, TOKENIZER_JSON, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
 from export.job import Job, log_loading, origin_fields
 from export.parity import onnx_sessions
@@ -255,7 +255,7 @@ def hf_manifest(
     unwrapped: Unwrapped,
     provenance: Provenance,
     timings: dict[str, float],
-) -> dict[str, Any]:
+) -> Manifest:
     """The manifest of any model, for this Hugging Face checkpoint (a text model adds its own fields)."""
     origin = origin_fields(hf.weights, src, unwrapped, provenance)
     return new_tensor_manifest(hf.architecture, signature, {n: list(d) for n, d in dynamic.items()}, origin, timings)
@@ -294,7 +294,7 @@ def tokenized_job(
     loaded: LoadedText,
     tokenizer: Any,
     wrapper: nn.Module,
-    fields: dict[str, Any],
+    fields: Manifest,
     described: str,
     pairs: bool = False,
     reference: Callable[[TextTokenizer, Path], list[Check]] | None = None,
@@ -314,10 +314,9 @@ def tokenized_job(
     signature, wrapped = describe(wrapper, example, dynamic)
     log_loading(loaded.src, loaded.unwrapped)
     manifest = hf_manifest(hf, signature, dynamic, loaded.src, loaded.unwrapped, loaded.provenance, request.timings)
-    manifest |= fields | {
-        "tokenizer": settings.to_manifest(),
-        "hf": {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG},
-    }
+    manifest |= fields
+    manifest["tokenizer"] = settings.to_manifest()
+    manifest["hf"] = {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG}
 
     def text_checks(out: Path) -> tuple[list[str], list[Check]]:
         copied = copy_tokenizer(tokenizer, loaded.model, out)

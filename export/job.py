@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from contract.manifest import Manifest, Origin, SourceSection
 from export.provenance import Provenance
 from export.readers.containers import Source
 from export.readers.folder_files import account_for
@@ -22,15 +22,15 @@ class Job:
     """One export: its manifest, how to write and check the artifacts into a folder (returning the exit status),
     and how the result is named in the last line."""
 
-    manifest: dict[str, Any]
+    manifest: Manifest
     write: Callable[[Path], int]
     described: str
 
 
-def origin_fields(checkpoint: Path, src: Source, unwrapped: Unwrapped, provenance: Provenance) -> dict[str, Any]:
+def origin_fields(checkpoint: Path, src: Source, unwrapped: Unwrapped, provenance: Provenance) -> Origin:
     """The manifest's `source` (where the weights came from and what was done to read them) and `provenance`
     (export/provenance.py: every tensor of the exported model traced to the checkpoint)."""
-    source: dict[str, Any] = {
+    source: SourceSection = {
         "checkpoint": str(checkpoint.resolve()),
         "sha256": src.sha256,
         "container": src.kind,

@@ -23,6 +23,7 @@ from contract.manifest import (
     PT2,
     SAFETENSORS,
     TORCHSCRIPT,
+    Manifest,
     describe_artifacts,
     embedded_fields,
     write_manifest,
@@ -135,7 +136,7 @@ def tolerance_of(args: Any, precision: str | None = None) -> Tolerance:
     )
 
 
-def settle(manifest: dict[str, Any]) -> int:
+def settle(manifest: Manifest) -> int:
     """The manifest's `status` from its parity verdict, and the exit status: passed, 0; failed, 3; not checked, 4
     when the reference gave nothing to compare, 0 when no computing format was asked for (--formats safetensors)."""
     report = manifest["parity"]
@@ -145,7 +146,7 @@ def settle(manifest: dict[str, Any]) -> int:
     return EXIT_UNCHECKED if report["pass"] is None and report.get("not_checked") else EXIT_OK
 
 
-def close_manifest(manifest: dict[str, Any], folder: Path, files: list[str]) -> int:
+def close_manifest(manifest: Manifest, folder: Path, files: list[str]) -> int:
     """The manifest's last steps, for every task: its artifacts' hashes, the library versions, the verdict; written
     into `folder`. Returns the exit status."""
     manifest["artifacts"] = describe_artifacts(folder, files)
@@ -206,7 +207,7 @@ def write_tensor_export(
     formats: list[str],
     device: torch.device,
     tol: Tolerance,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     folder: Path,
     own: OwnChecks | None = None,
 ) -> int:
@@ -221,7 +222,7 @@ def write_tensor_export(
         model.output_names,
         dynamic_shapes(example, dynamic),
     )
-    fields = {k: manifest[k] for k in manifest if k not in ("source", "timings")}
+    fields = {k: v for k, v in manifest.items() if k not in ("source", "timings")}
     writers: dict[str, tuple[str, Callable[[], dict]]] = {
         "onnx": (ONNX, lambda: export_onnx(model, call, folder / ONNX, embedded_fields(manifest))),
         "pt2": (PT2, lambda: export_pt2(model, call, folder / PT2, fields)),

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from contract.manifest import ReferenceSection
 from contract.pil_transform import Preprocessor
 from contract.scores import SCORE_FUNCTIONS
 from contract.tokenizer_spec import TextTokenizer
@@ -35,7 +36,7 @@ class Reference:
     checks: Callable[[TextTokenizer, Path], list[Check]] | None = None
     why_not: str | None = None  # why the library's call could not be the reference
 
-    def to_manifest(self) -> dict[str, Any]:
+    def to_manifest(self) -> ReferenceSection:
         version = importlib.metadata.version(self.library) if self.library != "handoff" else None
         return {"library": self.library, "version": version, "call": self.call, "not_the_library": self.why_not}
 

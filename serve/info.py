@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from contract.manifest import Manifest
 from serve.config import ServeConfig
 from serve.http.endpoint import Endpoint
 from serve.model.lanes import Lanes
@@ -24,7 +25,7 @@ class DescribedService(Protocol):
     def config(self) -> ServeConfig: ...
 
     @property
-    def manifest(self) -> dict[str, Any]: ...
+    def manifest(self) -> Manifest: ...
 
     @property
     def folder(self) -> Path: ...
@@ -41,9 +42,9 @@ class DescribedService(Protocol):
     def padded_batch_sizes(self) -> list[int] | None: ...
 
 
-def _source(manifest: dict[str, Any], show_paths: bool) -> dict[str, Any]:
+def _source(manifest: Manifest, show_paths: bool) -> dict[str, Any]:
     """Where the weights came from; absolute paths only with HANDOFF_SHOW_PATHS=1 (they show the host's layout)."""
-    source = dict(manifest["source"])
+    source: dict[str, Any] = dict(manifest["source"])
     if not show_paths:
         source["checkpoint"] = Path(source["checkpoint"]).name
     return source

@@ -8,7 +8,6 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -21,6 +20,7 @@ from contract.manifest import (
     PT2,
     SAFETENSORS,
     TORCHSCRIPT,
+    Manifest,
     embedded_fields,
     new_manifest,
 )
@@ -79,7 +79,7 @@ def write_and_check(
     formats: list[str],
     device: torch.device,
     options: CheckOptions,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     folder: Path,
     notes: tuple[str, ...] = (),
     reference: Callable[[list[Image.Image], Path], list[Check]] | None = None,
@@ -98,7 +98,7 @@ def write_and_check(
         if "onnx" in formats:
             with timed(timings, "onnx"):
                 exported["onnx"] = export_onnx(artifact_model, example_typed, folder / ONNX, embedded_fields(manifest))
-        fields = {k: manifest[k] for k in manifest if k not in ("source", "timings")}
+        fields = {k: v for k, v in manifest.items() if k not in ("source", "timings")}
         if "pt2" in formats:
             with timed(timings, "pt2"):
                 exported["pt2"] = export_pt2(artifact_model, example_typed, folder / PT2, fields)

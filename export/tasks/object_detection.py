@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from contract.instances import MASK_THRESHOLD
-from contract.manifest import ONNX, embedded_fields, new_tensor_manifest
+from contract.manifest import ONNX, Manifest, embedded_fields, new_tensor_manifest
 from contract.signature import TASK_OBJECT_DETECTION, Signature, TensorSpec
 from export.architecture import load_by_heads
 from export.detection_graph import (
@@ -294,7 +294,7 @@ def detection_summary(results: list[Comparison], device: torch.device, images: i
 
 
 def write_detection_export(
-    model: nn.Module, device: torch.device, manifest: dict[str, Any], folder: Path, samples: Path | None
+    model: nn.Module, device: torch.device, manifest: Manifest, folder: Path, samples: Path | None
 ) -> int:
     with timed(manifest["timings"], "onnx"):
         try:

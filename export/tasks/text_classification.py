@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from contract.manifest import Manifest
 from contract.signature import TASK_TEXT_CLASSIFICATION
 from export.hf_text import (
     LoadedText,
@@ -46,7 +47,7 @@ def text_job(request: ExportRequest) -> Job:
         return _token_ids_job(request, hf, loaded)
     labels, scores = config_labels(hf, loaded.model.config), pipeline_scores(loaded.model.config)
     reference = pipeline_reference(hf, loaded, tokenizer, tolerance_of(args), scores)
-    fields: dict[str, Any] = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels, "scores": scores}
+    fields: Manifest = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels, "scores": scores}
     fields["reference"] = reference.to_manifest()
     described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer"
     takes_pairs = not args.text_pairs and encodes_pairs(tokenizer)

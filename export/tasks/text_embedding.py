@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from contract.manifest import Manifest
 from contract.prompts import Prompts
 from contract.signature import TASK_TEXT_EMBEDDING
 from contract.tokenizer_spec import TextTokenizer
@@ -78,7 +79,7 @@ def embedding_job(request: ExportRequest) -> Job:
     prompts = found.prompts if found is not None else Prompts()
     embedding: dict[str, Any] = {"pooling": pooling, "normalized": normalize, "dimensions": dimensions}
     embedding |= prompts.to_manifest()
-    fields = {"task": TASK_TEXT_EMBEDDING, "embedding": embedding, "reference": reference.to_manifest()}
+    fields: Manifest = {"task": TASK_TEXT_EMBEDDING, "embedding": embedding, "reference": reference.to_manifest()}
     if found is not None:
         fields["read"] = found.read
     layout = "a sentence-transformers folder" if found is not None else "an encoder"

@@ -7,8 +7,7 @@ tokenizer's checks run on pairs (short and long on either side, both past the ma
 
 from __future__ import annotations
 
-from typing import Any
-
+from contract.manifest import Manifest
 from contract.signature import TASK_TEXT_RANKING
 from export.hf_text import Logits, config_labels, load_hf_text, pipeline_scores, tokenized_job, training_tokenizer
 from export.job import Job
@@ -39,7 +38,7 @@ def ranking_job(request: ExportRequest) -> Job:
     config = loaded.model.config
     scores, rerank_scores = pipeline_scores(config), cross_encoder_scores(hf)
     reference = cross_encoder_reference(hf, loaded, tokenizer, tolerance_of(args), scores, rerank_scores)
-    fields: dict[str, Any] = {"task": TASK_TEXT_RANKING, "labels": config_labels(hf, config), "scores": scores}
+    fields: Manifest = {"task": TASK_TEXT_RANKING, "labels": config_labels(hf, config), "scores": scores}
     fields |= {"rerank_scores": rerank_scores, "reference": reference.to_manifest()}
     described = f"{hf.architecture} (a cross-encoder: one score per pair of texts) with its tokenizer"
     wrapper = Logits(loaded.model)

@@ -7,6 +7,7 @@ each text's tokens answer in a padded batch as they do alone. The service groups
 
 from __future__ import annotations
 
+from contract.manifest import Manifest
 from contract.signature import TASK_TOKEN_CLASSIFICATION
 from export.hf_text import Logits, config_labels, load_hf_text, tokenized_job, training_tokenizer
 from export.job import Job
@@ -22,7 +23,7 @@ def token_job(request: ExportRequest) -> Job:
     tokenizer = training_tokenizer(request, hf, loaded, "token classifier")
     labels = config_labels(hf, loaded.model.config)
     reference = token_pipeline_reference(hf, loaded, tokenizer, tolerance_of(args))
-    fields = {"task": TASK_TOKEN_CLASSIFICATION, "labels": labels, "reference": reference.to_manifest()}
+    fields: Manifest = {"task": TASK_TOKEN_CLASSIFICATION, "labels": labels, "reference": reference.to_manifest()}
     described = f"{hf.architecture} ({len(labels)} token labels: {', '.join(labels[:4])}) with its tokenizer"
     wrapper = Logits(loaded.model)
     return tokenized_job(request, hf, loaded, tokenizer, wrapper, fields, described, reference=reference.checks)

@@ -24,16 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from contract.generation import GENAI_FOLDER, PromptTokenizer, TextStream
-from contract.manifest import copy_artifact
+from contract.manifest import Manifest, copy_artifact
 
 log = logging.getLogger("bentoml.handoff")
 
 
 @contextmanager
-def verified_copy(folder: Path, manifest: dict[str, Any]) -> Iterator[Path]:
+def verified_copy(folder: Path, manifest: Manifest) -> Iterator[Path]:
     """The export's `genai/` files, each copied through the manifest's hash, in a private folder (0700) that is
     removed on exit: what ONNX Runtime GenAI opens is what was checked, whatever happens to the export folder."""
-    genai = (manifest.get("genai") or {}).get("folder", GENAI_FOLDER)
+    genai = manifest["genai"]["folder"] if "genai" in manifest else GENAI_FOLDER
     private = Path(tempfile.mkdtemp(prefix="handoff-genai-"))
     try:
         for name in sorted(n for n in manifest["artifacts"] if n.startswith(f"{genai}/")):

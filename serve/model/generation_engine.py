@@ -29,7 +29,7 @@ import numpy as np
 
 from contract.errors import ClientError
 from contract.generation import GENAI_MODEL, TOKENIZER, GenerationSettings, PromptTokenizer
-from contract.manifest import read_artifact
+from contract.manifest import Manifest, read_artifact
 from serve.model.generation import Piece, Sampling, generate, open_model, verified_copy
 
 log = logging.getLogger("bentoml.handoff")
@@ -42,7 +42,7 @@ class GenerationEngine:
     name = "onnxruntime-genai"
     artifact = GENAI_MODEL
 
-    def __init__(self, folder: Path, manifest: dict[str, Any], device: str, limit: int) -> None:
+    def __init__(self, folder: Path, manifest: Manifest, device: str, limit: int) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, theirs = context.Pipe()
         self.tokenizer_json = tokenizer_json = read_artifact(folder, manifest, TOKENIZER)  # the task's too

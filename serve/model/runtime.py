@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from contract.manifest import ONNX, ONNX_DATA, ONNX_INT8, TORCHSCRIPT, read_artifact
+from contract.manifest import ONNX, ONNX_DATA, ONNX_INT8, TORCHSCRIPT, Manifest, read_artifact
 from contract.ort_cuda import gpu_present, preload_cuda_libraries
 from contract.signature import read_signature
 
@@ -123,9 +123,7 @@ class TorchScriptRuntime:
     name = "torchscript"
     artifact: str  # set by load_runtime
 
-    def __init__(
-        self, model: bytes, manifest: dict[str, Any], device: str, dtype: str, threads: int | None = None
-    ) -> None:
+    def __init__(self, model: bytes, manifest: Manifest, device: str, dtype: str, threads: int | None = None) -> None:
         try:
             import torch
         except ImportError:
@@ -169,7 +167,7 @@ def _first_line(err: Exception) -> str:
     return (text.splitlines()[-1] if text else type(err).__name__)[:200]
 
 
-def runtime_artifact(kind: str, precision: str, manifest: dict[str, Any]) -> str:
+def runtime_artifact(kind: str, precision: str, manifest: Manifest) -> str:
     """The file to serve for this runtime and precision; INT8 only where it passed its accuracy gate."""
     if kind not in RUNTIMES:
         raise RuntimeUnavailable(f"HANDOFF_RUNTIME={kind!r}: choose one of {', '.join(RUNTIMES)}")
@@ -193,7 +191,7 @@ def runtime_artifact(kind: str, precision: str, manifest: dict[str, Any]) -> str
 def load_runtime(
     kind: str,
     folder: Path,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     device: str,
     precision: str = "fp32",
     tensorrt_cache: str | None = None,

@@ -6,9 +6,7 @@ export/tasks/, a docs page and its tests (docs/design.md, "Adding a task").
 
 from __future__ import annotations
 
-from typing import Any
-
-from contract.manifest import ManifestError
+from contract.manifest import Manifest, ManifestError
 from contract.signature import read_task
 from serve.tasks.base import ServedTask, Serving
 from serve.tasks.image_classification import ImageClassification
@@ -37,7 +35,7 @@ TASKS: dict[str, type[ServedTask]] = {
 }
 
 
-def task_for(manifest: dict[str, Any]) -> type[ServedTask]:
+def task_for(manifest: Manifest) -> type[ServedTask]:
     """The class that serves the manifest's task; ManifestError for a task this service does not know."""
     name = read_task(manifest)
     if name not in TASKS:

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from contract.errors import ClientError
+from contract.manifest import Manifest
 from contract.signature import Signature, read_signature
 from serve.config import ServeConfig
 from serve.http.endpoint import (
@@ -65,7 +66,7 @@ Rows = Any  # one array, or named arrays: what a task's decode gives and its `ru
 class Serving:
     """What a task is given: the export it serves, the runtime, the settings and the service's shared parts."""
 
-    manifest: dict[str, Any]
+    manifest: Manifest
     folder: Path
     runtime: Runtime
     config: ServeConfig
@@ -93,7 +94,7 @@ class ServedTask(ABC):
         self.signature: Signature = read_signature(serving.manifest)
 
     @classmethod
-    def own_runtime(cls, config: ServeConfig, folder: Path, manifest: dict[str, Any]) -> tuple[Lanes, Runtime] | None:
+    def own_runtime(cls, config: ServeConfig, folder: Path, manifest: Manifest) -> tuple[Lanes, Runtime] | None:
         """A task whose model is not the signature's one call (a language model's generator) loads it here, from
         the manifest's verified bytes; None (the default): the service loads the signature's model, with lanes."""
         return None

@@ -22,6 +22,7 @@ from typing import Any
 
 from contract.errors import ClientError
 from contract.generation import GenerationSettings, Message, PromptTokenizer, TemplateError
+from contract.manifest import Manifest
 from contract.signature import TASK_TEXT_GENERATION
 from serve.config import ServeConfig
 from serve.http.endpoint import HANDOFF, Answer, Endpoint, Incoming
@@ -55,7 +56,7 @@ class TextGeneration(ServedTask):
     kind = "a language model"
 
     @classmethod
-    def own_runtime(cls, config: ServeConfig, folder: Path, manifest: dict[str, Any]) -> tuple[Lanes, Runtime]:
+    def own_runtime(cls, config: ServeConfig, folder: Path, manifest: Manifest) -> tuple[Lanes, Runtime]:
         why = f"a language model: up to {config.max_generations} generations at once (HANDOFF_MAX_GENERATIONS)"
         engine = GenerationEngine(folder, manifest, config.device, config.max_generations)
         return Lanes(1, config.cores_per_worker(), 1, why), engine
