@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import sys
 
-from export.cli import bad_input, check_options, get_args_parser
+from export.cli import bad_input, get_args_parser
+from export.options import ExportOptions
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
     try:
-        checked = check_options(args)
+        options = ExportOptions.from_args(parser.parse_args(argv), parser)
     except (ValueError, OSError) as err:
         return bad_input(err)
     from export.run import run  # imports torch (~7 s of CPU): only once the options are known to be good
 
-    return run(args, checked)
+    return run(options)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Which model the weights belong to, and how its inputs are prepared.
 
 Architecture: `--model module:factory` or `--arch NAME` when given, else what the checkpoint says
-(handoff's meta, torchvision references' `args.model`, timm's and the ImageNet example's `arch`, Lightning's
+(handoff's meta, torchvision references' `options.read.model`, timm's and the ImageNet example's `arch`, Lightning's
 `hyper_parameters`). A bare name is torchvision's; timm's models are `timm/NAME` (a timm checkpoint's
 `arch` is read as timm's). `num_classes` is read off the classifier weights, so a 10-class resnet18 needs
 no flag beyond its name.

@@ -20,7 +20,8 @@ Every export first proves provenance: each parameter and buffer of the exported 
 tensor of that name (tied weights only where the model declares them), and every model tensor of the checkpoint
 was used; the manifest's `provenance` and the report's first line say so.
 
-This module is the command line: its options, and every check of them that needs no torch. The export itself
+This module is the command line's parser; export/options.py turns what it parsed into typed options, checked
+without torch. The export itself
 (export/run.py) imports torch, about 7 s of CPU here: a mistyped option, a bad number or a missing labels file
 is answered before that, in a fraction of a second.
 """
@@ -29,30 +30,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from contract.manifest import DEFAULT_FORMATS, FORMATS
-from contract.preprocessing import check_image_size
 from export import bento
-from train.class_names import check_class_names
 
 EXIT_BAD_INPUT = 2  # EXIT_OK (0) and EXIT_PARITY (3) come with the writers
-
-
-@dataclass(frozen=True)
-class CheckedOptions:
-    """What the options say once checked: the formats to write, and the class names of --labels (or None)."""
-
-    formats: list[str]
-    labels: list[str] | None
-
-
-def check_options(args: argparse.Namespace) -> CheckedOptions:
-    """Every check that needs neither torch nor the checkpoint; ValueError says what is wrong, in one line."""
-    formats = _formats(args.formats)
-    _check_numbers(args, formats)
-    return CheckedOptions(formats, _labels(args.labels))
 
 
 def bad_input(err: Exception) -> int:
@@ -261,44 +244,3 @@ def get_args_parser() -> argparse.ArgumentParser:
     check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-4, fp16 5e-2)")
     check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: 1e-3, fp16 5e-2)")
     return p
-
-
-def _formats(value: str) -> list[str]:
-    formats = [f.strip() for f in value.split(",") if f.strip()]
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise ValueError(f"--formats={value!r}: choose from {', '.join(FORMATS)}")
-    return formats
-
-
-def _check_numbers(args: argparse.Namespace, formats: list[str]) -> None:
-    if args.int8 and "onnx" not in formats:
-        raise ValueError("--int8 quantizes the ONNX model: keep onnx in --formats")
-    if args.int8 and args.fp16:
-        raise ValueError("--int8 and --fp16: choose one precision")
-    if args.max_accuracy_drop < 0:
-        raise ValueError(f"--max-accuracy-drop={args.max_accuracy_drop}: 0 or more percentage points")
-    if args.image_size is not None:
-        check_image_size(args.image_size)
-    for flag, size in (("--min-size", args.min_size), ("--max-size", args.max_size)):
-        if size is not None and not 32 <= size <= 4096:
-            raise ValueError(f"{flag}={size}: a detector's resize target between 32 and 4096 pixels")
-    for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
-        if value is not None and value < 0:
-            raise ValueError(f"{flag}={value}: a tolerance is 0 or more")
-
-
-MAX_LABELS_BYTES = 16 * 2**20  # a million names of 16 characters
-
-
-def _labels(path: Path | None) -> list[str] | None:
-    if path is None:
-        return None
-    if not path.is_file():  # also refuses a FIFO or a device (/dev/zero), which would never end
-        raise ValueError(f"--labels={path}: no such file (one class name per line, in index order)")
-    if path.stat().st_size > MAX_LABELS_BYTES:
-        raise ValueError(f"--labels={path}: larger than {MAX_LABELS_BYTES // 2**20} MB; one class name per line")
-    lines = path.read_text().splitlines()
-    while lines and not lines[-1].strip():  # a trailing blank line is a habit, not a class
-        lines.pop()
-    return check_class_names(lines, f"--labels={path}")

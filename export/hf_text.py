@@ -17,7 +17,6 @@ The tokenizer's files and the model's config.json are copied into the export and
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from tokenizers import Tokenizer
 from contract.manifest import Manifest, new_tensor_manifest
 from contract.tokenizer_spec import MASK, TOKENIZER_JSON, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
 from export.job import Job, log_loading, origin_fields
+from export.options import ExportOptions
 from export.parity import onnx_sessions
 from export.pipeline import Check, ExportRequest, OwnChecks, library_checks, tolerance_of, write_tensor_export
 from export.provenance import Provenance, load_checked, trace
@@ -83,14 +83,14 @@ def load_hf_text(
 ) -> LoadedText:
     """The checkpoint's weights read (`hf.weights`) and loaded into the model `auto_class` builds from the config;
     `fit(model, keys)` may first drop a part of the model the task does not use and the checkpoint does not hold."""
-    args = request.args
+    options = request.options
     with timed(request.timings, "load"):
-        src = read_source(hf.weights, trust_pickle=args.trust_pickle, ema=args.ema)
+        src = read_source(hf.weights, trust_pickle=options.read.trust_pickle, ema=options.read.ema)
         if hf.weights == hf.config_dir:  # Trainer's checkpoint-N or a save_pretrained folder
             src.kind = "transformers"
         adapter = read_adapter(hf.adapter) if hf.adapter is not None else None
         model, unwrapped, provenance = build_hf_model(
-            hf, src.state_dict, auto_class, args.trust_remote_code, args.allow_partial, fit, adapter
+            hf, src.state_dict, auto_class, options.read.trust_remote_code, options.read.allow_partial, fit, adapter
         )
         if adapter is not None:
             provenance.adapter = adapter.to_manifest()
@@ -161,7 +161,7 @@ def renamed_on_load(model: Any, state: dict[str, torch.Tensor]) -> tuple[dict[st
 def training_tokenizer(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedText, what: str | None) -> Any:
     """The tokenizer the model was trained with (--tokenizer, else beside the config or the weights). None where there
     is none and `what` is None; else ValueError saying that `what` is served on texts."""
-    folder = tokenizer_folder(hf, request.args.tokenizer)
+    folder = tokenizer_folder(hf, request.options.read.tokenizer)
     if folder is None:
         if what is None:
             return None
@@ -169,7 +169,7 @@ def training_tokenizer(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedT
             f"{hf.config_dir}: no tokenizer beside the {what} (tokenizer.json or tokenizer_config.json); it is "
             "served on texts: --tokenizer DIR names its tokenizer"
         )
-    return load_tokenizer(folder, request.args.trust_remote_code, int(loaded.model.config.vocab_size))
+    return load_tokenizer(folder, request.options.read.trust_remote_code, int(loaded.model.config.vocab_size))
 
 
 def config_labels(hf: HfCheckpoint, config: Any) -> list[str]:
@@ -305,7 +305,7 @@ def tokenized_job(
     (the model, giving its outputs by name) described and proved on the parity samples, the task's manifest
     `fields` added, the tokenizer checked and copied into the export; `reference(served, out)`: the task's
     comparison of the written export with the user's library (export/reference.py)."""
-    args, device = request.args, request.device
+    options, device = request.options, request.device
     settings = tokenizer_settings(tokenizer, loaded.model.config, pairs, takes_pairs)
     served = TextTokenizer(tokenizer.backend_tokenizer.to_str().encode(), settings)
     samples = parity_samples(settings)
@@ -320,13 +320,13 @@ def tokenized_job(
 
     def text_checks(out: Path) -> tuple[list[str], list[Check]]:
         copied = copy_tokenizer(tokenizer, loaded.model, out)
-        checks = [same_ids(tokenizer, served, samples), *padding_is_exact(served, samples, out, device, args)]
+        checks = [same_ids(tokenizer, served, samples), *padding_is_exact(served, samples, out, device, options)]
         compared = library_checks(lambda: reference(served, out)) if reference is not None else []
         return copied, checks + compared
 
     def write(out: Path) -> int:
         own = OwnChecks("text", text_checks)
-        formats, tol = request.checked.formats, tolerance_of(args)
+        formats, tol = request.options.write.formats, tolerance_of(options)
         return write_tensor_export(wrapped, example, dynamic, formats, device, tol, manifest, out, own)
 
     return Job(manifest, write, described)
@@ -363,10 +363,10 @@ def same_ids(tokenizer: Any, served: TextTokenizer, samples: list[Sample]) -> tu
 
 
 def padding_is_exact(
-    served: TextTokenizer, samples: list[Sample], out: Path, device: torch.device, args: argparse.Namespace
+    served: TextTokenizer, samples: list[Sample], out: Path, device: torch.device, options: ExportOptions
 ) -> list[tuple[str, str | None]]:
     """In each ONNX session: every sample's first output in the padded batch against its output alone."""
-    tol = tolerance_of(args)
+    tol = tolerance_of(options)
     batch = encode_samples(served, samples).rows
     checks = []
     for provider, _, session in onnx_sessions(out / "model.onnx", device):

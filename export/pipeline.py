@@ -7,7 +7,6 @@ export/run.py owns the whole: read -> task (export/tasks/) -> formats -> parity 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from contract.manifest import (
     AOTI,
@@ -28,7 +28,6 @@ from contract.manifest import (
     embedded_fields,
     write_manifest,
 )
-from export.cli import CheckedOptions
 from export.exporters import (
     ExportCall,
     export_aoti,
@@ -38,6 +37,7 @@ from export.exporters import (
     export_torchscript,
 )
 from export.job import Job
+from export.options import TASK_FLAGS, ExportOptions
 from export.parity import DEFAULT_TOLERANCES, Comparison, Tolerance, parity_report, pin_precision
 from export.readers import Source, read_source
 from export.readers.hf_checkpoint import HfCheckpoint, find_hf_checkpoint
@@ -60,8 +60,7 @@ class ExportRequest:
     """What a task is given: the command line, its checked options, the checkpoint and where parity runs. The
     checkpoint is read at most once, when a task first asks for it (`source`)."""
 
-    args: argparse.Namespace
-    checked: CheckedOptions
+    options: ExportOptions
     checkpoint: Path
     device: torch.device
     timings: dict[str, float]
@@ -69,28 +68,36 @@ class ExportRequest:
     @functools.cached_property
     def hf(self) -> HfCheckpoint | None:
         """A Hugging Face checkpoint (a Trainer folder, save_pretrained, or weights with --hf-config), else None."""
-        args = self.args
-        return None if args.example or args.model or args.arch else find_hf_checkpoint(self.checkpoint, args.hf_config)
+        options = self.options
+        return (
+            None
+            if options.read.example or options.read.model or options.read.arch
+            else find_hf_checkpoint(self.checkpoint, options.read.hf_config)
+        )
 
     @functools.cached_property
     def source(self) -> Source:
         with timed(self.timings, "read"):
-            return read_source(self.checkpoint, trust_pickle=self.args.trust_pickle, ema=self.args.ema)
+            return read_source(self.checkpoint, trust_pickle=self.options.read.trust_pickle, ema=self.options.read.ema)
 
     @property
     def arch(self) -> str | None:
         """The architecture: --arch, else the one the checkpoint names (not with --model: the user's own)."""
-        return self.args.arch or (None if self.args.model else self.source.arch)
+        return self.options.read.arch or (None if self.options.read.model else self.source.arch)
 
 
 @dataclass(frozen=True)
 class ExportTask:
-    """One task's entry in export/tasks/'s registry: whether a request is its, and its export of it."""
+    """One task's entry in export/tasks/'s registry: its export of a request, and the task flags it takes (any
+    other is refused: `refuse_flags_not_for`)."""
 
     name: str
-    recognizes: Callable[[ExportRequest], bool]
+    """the manifest's `task`"""
+    kind: str
+    """what it exports, in words, for a person: image classifiers, detectors, ..."""
     job: Callable[[ExportRequest], Job]
-    takes_pairs: bool = False  # --text-pairs means something to it
+    flags: frozenset[str] = frozenset()
+    """the task flags (export/options.py's TASK_FLAGS) that mean something to it"""
 
 
 Check = tuple[str, str | None]  # a task's own check: its name, and why it failed (None: it passed)
@@ -126,12 +133,12 @@ def add_own_checks(report: dict[str, Any], key: str, checks: list[Check]) -> Non
         report["pass"] = False
 
 
-def tolerance_of(args: Any, precision: str | None = None) -> Tolerance:
+def tolerance_of(options: ExportOptions, precision: str | None = None) -> Tolerance:
     """--atol and --rtol, else the default of `precision` (None: --fp16's)."""
-    default = DEFAULT_TOLERANCES[precision or ("fp16" if args.fp16 else "fp32")]
+    default = DEFAULT_TOLERANCES[precision or ("fp16" if options.write.fp16 else "fp32")]
     return Tolerance(
-        args.atol if args.atol is not None else default.atol,
-        args.rtol if args.rtol is not None else default.rtol,
+        options.parity.atol if options.parity.atol is not None else default.atol,
+        options.parity.rtol if options.parity.rtol is not None else default.rtol,
         default.min_top1,
     )
 
@@ -156,30 +163,16 @@ def close_manifest(manifest: Manifest, folder: Path, files: list[str]) -> int:
     return status
 
 
-# Flags that describe an image classifier: with --example they would be silently meaningless, so they are refused.
-CLASSIFIER_ONLY = {
-    "int8": "--int8",
-    "fp16": "--fp16",
-    "labels": "--labels",
-    "arch": "--arch",
-    "image_size": "--image-size",
-    "samples": "--samples",
-}
-DETECTOR_ONLY = {"min_size": "--min-size", "max_size": "--max-size"}
-
-
-def refuse_classifier_flags(args: argparse.Namespace, what: str, allowed: tuple[str, ...] = ()) -> None:
-    """One line naming the classifier-only flags given that `what` cannot take (`allowed`: those it can)."""
-    given = [flag for attr, flag in CLASSIFIER_ONLY.items() if attr not in allowed and getattr(args, attr)]
-    if given:
-        raise ValueError(f"{', '.join(given)}: for image classifiers; {what} takes none")
-    refuse_detector_flags(args, what, allowed)
-
-
-def refuse_detector_flags(args: argparse.Namespace, what: str, allowed: tuple[str, ...] = ()) -> None:
-    given = [flag for attr, flag in DETECTOR_ONLY.items() if attr not in allowed and getattr(args, attr, None)]
-    if given:
-        raise ValueError(f"{', '.join(given)}: for torchvision detectors; {what} takes neither")
+def refuse_flags_not_for(task: ExportTask, options: ExportOptions, tasks: tuple[ExportTask, ...]) -> None:
+    """One line naming the task flags given that `task` does not take, and which of `tasks` take them: a flag is
+    never silently meaningless."""
+    given = sorted(options.given - task.flags)
+    if not given:
+        return
+    flags = ", ".join(TASK_FLAGS[name] for name in given)
+    takers = sorted({other.kind for other in tasks for name in given if name in other.flags})
+    takes = ", ".join(TASK_FLAGS[name] for name in sorted(task.flags)) or "none of them"
+    raise ValueError(f"{flags}: for {' and '.join(takers)}; not for {task.kind}, which take {takes}")
 
 
 def _skip_formats_that_cannot_run(
@@ -200,35 +193,22 @@ def _skip_formats_that_cannot_run(
     return kept
 
 
-def write_tensor_export(
-    model: SignatureModule,
-    example: Example,
-    dynamic: dict[str, tuple[int, ...]],
-    formats: list[str],
-    device: torch.device,
-    tol: Tolerance,
-    manifest: Manifest,
-    folder: Path,
-    own: OwnChecks | None = None,
-) -> int:
-    """Write every format into `folder`, check each against the eager model, run the task's `own` checks, complete the
-    manifest; the exit status. A model ONNX cannot take is ValueError (exit 2, nothing kept): ONNX is what the
-    service runs. A format beside it that cannot be written, or that raises on a parity case (torch.export
-    specialising a dimension the example declared dynamic), is skipped with its reason in the table and the
-    manifest, its files removed; a numerical mismatch in any format fails the export."""
-    call = ExportCall(
-        tuple(traceable(example).inputs.values()),
-        model.input_names,
-        model.output_names,
-        dynamic_shapes(example, dynamic),
-    )
+def write_formats(
+    model: nn.Module, call: Any, formats: list[str], folder: Path, manifest: Manifest, weights: nn.Module
+) -> tuple[dict[str, dict], dict[str, str]]:
+    """Each of `formats` written into `folder` from `model` called as `call`, timed into the manifest (`weights`: the
+    module whose tensors safetensors holds). Returns what each format wrote, and the formats skipped with why.
+
+    One policy for every task: ONNX, which the service runs, must be written (ValueError: exit 2, nothing kept);
+    a format beside it that its exporter cannot write is skipped with the exporter's own words, in the parity table
+    and the manifest, and the export goes on."""
     fields = {k: v for k, v in manifest.items() if k not in ("source", "timings")}
     writers: dict[str, tuple[str, Callable[[], dict]]] = {
         "onnx": (ONNX, lambda: export_onnx(model, call, folder / ONNX, embedded_fields(manifest))),
         "pt2": (PT2, lambda: export_pt2(model, call, folder / PT2, fields)),
         "aoti": (AOTI, lambda: export_aoti(model, call, folder / AOTI)),
         "torchscript": (TORCHSCRIPT, lambda: export_torchscript(model, call, folder / TORCHSCRIPT, fields)),
-        "safetensors": (SAFETENSORS, lambda: export_safetensors(model.model, folder / SAFETENSORS, manifest["arch"])),
+        "safetensors": (SAFETENSORS, lambda: export_safetensors(weights, folder / SAFETENSORS, manifest["arch"])),
     }
     exported: dict[str, dict] = {}
     skipped: dict[str, str] = {}
@@ -245,6 +225,33 @@ def write_tensor_export(
                         ) from None
                     tool = "torch.jit.trace" if name == "torchscript" else "torch.export"
                     skipped[artifact] = f"{tool} cannot export this model: {first_line(err)}"
+                    for leftover in (folder / artifact, folder / f"{artifact}.data"):
+                        leftover.unlink(missing_ok=True)
+    return exported, skipped
+
+
+def write_tensor_export(
+    model: SignatureModule,
+    example: Example,
+    dynamic: dict[str, tuple[int, ...]],
+    formats: list[str],
+    device: torch.device,
+    tol: Tolerance,
+    manifest: Manifest,
+    folder: Path,
+    own: OwnChecks | None = None,
+) -> int:
+    """Write every format into `folder`, check each against the eager model, run the task's `own` checks, complete the
+    manifest; the exit status. Formats are written as `write_formats` writes them; one that raises on a parity
+    case (torch.export specialising a dimension the example declared dynamic) is skipped with its reason in the
+    table and the manifest, its files removed; a numerical mismatch in any format fails the export."""
+    call = ExportCall(
+        tuple(traceable(example).inputs.values()),
+        model.input_names,
+        model.output_names,
+        dynamic_shapes(example, dynamic),
+    )
+    exported, skipped = write_formats(model, call, formats, folder, manifest, model.model)
     manifest["onnx"] = (
         {"opset": exported["onnx"]["opset"], "external_data": exported["onnx"]["external_data"]}
         if "onnx" in exported

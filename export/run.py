@@ -4,7 +4,6 @@ proves the artifacts in a staging folder (export/pipeline.py), then put the fold
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -18,8 +17,9 @@ import torch
 
 from contract.manifest import ONNX_INT8, is_export_folder
 from export import bento
-from export.cli import CheckedOptions, bad_input
+from export.cli import bad_input
 from export.job import Job
+from export.options import ExportOptions
 from export.out_folder import check_out, passed, replace_folder
 from export.pipeline import EXIT_OK, EXIT_UNCHECKED, ExportRequest
 from export.readers.choose import choose_checkpoint
@@ -38,15 +38,17 @@ def _device(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
-def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
+def export(options: ExportOptions) -> int:
     """read -> task -> formats -> parity and provenance -> manifest -> place."""
     started = time.monotonic()
-    device = _device(args.device)
-    checkpoint = choose_checkpoint(args.checkpoint, args.pick, args.trust_pickle, args.ema)
-    request = ExportRequest(args, checked, checkpoint, device, {})
+    device = _device(options.parity.device)
+    checkpoint = choose_checkpoint(
+        options.read.checkpoints, options.read.pick, options.read.trust_pickle, options.read.ema
+    )
+    request = ExportRequest(options, checkpoint, device, {})
     job = task_for(request).job(request)
     manifest = job.manifest
-    out = args.out or checkpoint.parent / f"{checkpoint.stem}.export"
+    out = options.write.out or checkpoint.parent / f"{checkpoint.stem}.export"
     check_out(out, checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp.", dir=out.parent))  # an unpredictable name
@@ -63,10 +65,10 @@ def export(args: argparse.Namespace, checked: CheckedOptions) -> int:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return _report(args, job, out, status, time.monotonic() - started)
+    return _report(options, job, out, status, time.monotonic() - started)
 
 
-def _report(args: argparse.Namespace, job: Job, out: Path, status: int, seconds: float) -> int:
+def _report(options: ExportOptions, job: Job, out: Path, status: int, seconds: float) -> int:
     """Print what was proven (provenance, then the parity table) and the verdict; register a passed export."""
     manifest = job.manifest
     report = [manifest["provenance"]["summary"], *manifest["parity"]["summary"]]
@@ -75,10 +77,10 @@ def _report(args: argparse.Namespace, job: Job, out: Path, status: int, seconds:
         print(
             f"export: parity NOT CHECKED: {manifest['parity']['not_checked']}; {out} is marked 'not checked', was not "
             "registered, and the service will not serve it"
-            + ("" if args.accept_unchecked else " (exit 4; --accept-unchecked exits 0)"),
+            + ("" if options.parity.accept_unchecked else " (exit 4; --accept-unchecked exits 0)"),
             file=sys.stderr,
         )
-        return EXIT_OK if args.accept_unchecked else status
+        return EXIT_OK if options.parity.accept_unchecked else status
     if status != EXIT_OK:
         print("\n".join(report), file=sys.stderr)
         if manifest["parity"]["pass"]:
@@ -100,7 +102,7 @@ def _report(args: argparse.Namespace, job: Job, out: Path, status: int, seconds:
             "computes: add onnx, torchscript or pt2 to --formats); not registered, and the service will not serve it"
         )
         return EXIT_OK
-    tag = None if args.no_bento else bento.register(out, manifest, args.name)
+    tag = None if (not options.write.register) else bento.register(out, manifest, options.write.name)
     print("\n".join(report))
     print(
         f"exported {job.described} to {out} in {seconds:.1f}s; parity passed"
@@ -109,13 +111,13 @@ def _report(args: argparse.Namespace, job: Job, out: Path, status: int, seconds:
     return EXIT_OK
 
 
-def run(args: argparse.Namespace, checked: CheckedOptions) -> int:
+def run(options: ExportOptions) -> int:
     """`python -m export` once its options passed export/cli.py's checks; returns the exit status."""
     # Our own progress at INFO; the exporter's internals (onnxscript passes) only when they warn.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     log.setLevel(logging.INFO)
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.jit")
     try:
-        return export(args, checked)
+        return export(options)
     except (CheckpointError, LoadMismatch, ValueError, OSError) as err:
         return bad_input(err)

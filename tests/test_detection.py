@@ -88,6 +88,7 @@ def test_the_references_checkpoint_exports_with_no_flags(trained: Path):
     assert set(manifest["artifacts"]) == {"model.onnx"} and set(manifest["parity"]["skipped"]) == {
         "model.pt2",
         "model.torchscript.pt",
+        "model.safetensors",
     }
     (result,) = manifest["parity"]["results"]
     assert result["passed"] and result["max_abs_error"] <= 1.0 and result["top1_agreement"] >= 0.95

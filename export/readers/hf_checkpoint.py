@@ -61,17 +61,6 @@ TOKENIZER_READS = (
     "chat_template.json",
 )
 TRAINER_CHECKPOINT = re.compile(r"checkpoint-([0-9]+)")  # ASCII digits: `checkpoint-٩٩` is no step
-NOT_SERVED_YET = {  # architectures people fine-tune that handoff recognises but does not serve yet
-    "ForConditionalGeneration": "text generation (sequence to sequence)",
-    "ForMaskedLM": "masked language modelling",
-    "ForQuestionAnswering": "extractive question answering",
-    "ForMultipleChoice": "multiple choice",
-    "ForAudioClassification": "audio classification",
-    "ForCTC": "speech recognition",
-    "ForSpeechSeq2Seq": "speech recognition",
-}
-# what works for any of them today: the model as the user builds it, given example inputs (docs/own-model.md)
-ANY_MODEL = "--model module:factory --example inputs.pt exports it as a model of tensors"
 
 
 @dataclass(frozen=True)
@@ -86,17 +75,6 @@ class HfCheckpoint:
     @property
     def architecture(self) -> str:
         return (self.config.get("architectures") or [""])[0]
-
-    def refusal(self, served: str) -> str:
-        """Why no export task takes this checkpoint, in one line; `served`: the architectures they take."""
-        for suffix, task in NOT_SERVED_YET.items():
-            if self.architecture.endswith(suffix):
-                return (
-                    f"{self.config_dir / CONFIG}: {self.architecture} is {task}, which handoff does not export or "
-                    f"serve yet; it exports {served}; {ANY_MODEL}"
-                )
-        architecture = self.architecture or "(none)"
-        return f"{self.config_dir / CONFIG}: architecture {architecture}; handoff exports {served}; {ANY_MODEL}"
 
 
 def _newest_trainer_checkpoint(folder: Path) -> Path | None:

@@ -24,13 +24,12 @@ from export.hf_text import config_labels, load_hf_text, pipeline_scores
 from export.image_processor import check_processor, load_processor, preprocessing_of, processor_folder, report
 from export.inputs import REAL_IMAGES, real_images
 from export.job import Job, log_loading, origin_fields
-from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
+from export.pipeline import ExportRequest, ExportTask, tolerance_of
 from export.reference import IMAGE_PIPELINE_CALL, Reference, image_pipeline_matches
 from export.steps import timed
 from export.tasks.image_classification import CheckOptions, write_and_check
 
 log = logging.getLogger("export")
-ARCHITECTURE = "ForImageClassification"
 AUTO_CLASS = "AutoModelForImageClassification"
 
 
@@ -46,12 +45,11 @@ class PixelLogits(nn.Module):
 
 
 def hf_image_job(request: ExportRequest) -> Job:
-    args, hf = request.args, request.hf
-    assert hf is not None  # TASK recognized it
-    refuse_classifier_flags(args, "a Hugging Face image classifier", allowed=("int8", "fp16", "samples"))
+    options, hf = request.options, request.hf
+    assert hf is not None  # export/tasks/__init__.py chose this task for it
     weights_folder = hf.weights if hf.weights.is_dir() else hf.weights.parent
     folder = processor_folder(hf.config_dir, weights_folder)
-    processor = load_processor(folder, "pil", args.trust_remote_code)
+    processor = load_processor(folder, "pil", options.read.trust_remote_code)
     try:
         pre = preprocessing_of(processor)
     except ValueError as err:
@@ -67,22 +65,28 @@ def hf_image_job(request: ExportRequest) -> Job:
     spec = ModelSpec(hf.architecture, len(labels), labels, preprocess, model, loaded.unwrapped)
     origin = origin_fields(request.checkpoint, loaded.src, loaded.unwrapped, loaded.provenance)
     manifest = new_manifest(
-        hf.architecture, labels, preprocess, "float16" if args.fp16 else "float32", origin, request.timings
+        hf.architecture, labels, preprocess, "float16" if options.write.fp16 else "float32", origin, request.timings
     )
     manifest["scores"] = scores  # how the pipeline scores its logits: softmax, or sigmoid for independent labels
     manifest["reference"] = Reference("transformers", IMAGE_PIPELINE_CALL).to_manifest()
-    reference = image_pipeline_matches(hf, loaded.model, folder, preprocess, scores, tolerance_of(args, "fp32"))
-    options = CheckOptions(args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop)
+    reference = image_pipeline_matches(hf, loaded.model, folder, preprocess, scores, tolerance_of(options, "fp32"))
+    checks = CheckOptions(
+        options.write.fp16,
+        tolerance_of(options),
+        options.parity.samples,
+        options.parity.int8,
+        options.parity.max_accuracy_drop,
+    )
     with timed(request.timings, "preprocess_check"):
-        photos, _ = real_images(None, args.samples, REAL_IMAGES)
-        check = check_processor(folder, model, preprocess, photos, args.trust_remote_code)
+        photos, _ = real_images(None, options.parity.samples, REAL_IMAGES)
+        check = check_processor(folder, model, preprocess, photos, options.read.trust_remote_code)
     if not check.passed:  # the model would be served other pixels than it was trained on
         raise ValueError(f"{folder}: {check.line()}")
     manifest["preprocess_check"] = report(check)
-    formats, device = request.checked.formats, request.device
+    formats, device = request.options.write.formats, request.device
     notes = (check.line(),)
     write = partial(
-        write_and_check, model, spec, None, formats, device, options, manifest, notes=notes, reference=reference
+        write_and_check, model, spec, None, formats, device, checks, manifest, notes=notes, reference=reference
     )
     described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with {check.processor}"
     return Job(manifest, write, described)
@@ -90,6 +94,7 @@ def hf_image_job(request: ExportRequest) -> Job:
 
 TASK = ExportTask(
     TASK_IMAGE_CLASSIFICATION,
-    lambda request: request.hf is not None and request.hf.architecture.endswith(ARCHITECTURE),
+    "Hugging Face image classifiers",
     hf_image_job,
+    frozenset({"fp16", "int8", "max_accuracy_drop", "samples"}),
 )

@@ -14,14 +14,9 @@ import torch.nn as nn
 from PIL import Image
 
 from contract.manifest import (
-    AOTI,
     ONNX,
     ONNX_INT8,
-    PT2,
-    SAFETENSORS,
-    TORCHSCRIPT,
     Manifest,
-    embedded_fields,
     new_manifest,
 )
 from contract.signature import TASK_IMAGE_CLASSIFICATION
@@ -31,11 +26,6 @@ from export.decode_check import report as decode_report
 from export.exporters import (
     check_eval_mode,
     classifier_call,
-    export_aoti,
-    export_onnx,
-    export_pt2,
-    export_safetensors,
-    export_torchscript,
 )
 from export.image_processor import check_images
 from export.inputs import REAL_IMAGES, parity_inputs, real_images
@@ -51,8 +41,8 @@ from export.pipeline import (
     add_own_checks,
     close_manifest,
     library_checks,
-    refuse_detector_flags,
     tolerance_of,
+    write_formats,
 )
 from export.provenance import trace, whole_module
 from export.steps import timed
@@ -92,27 +82,8 @@ def write_and_check(
     example = torch.randn(EXPORT_BATCH, pre["channels"], pre["crop"], pre["crop"])
     artifact_model = copy.deepcopy(model).half() if options.fp16 else model  # the fp32 model stays the reference
     example_typed = classifier_call(example.half() if options.fp16 else example)
-    exported: dict[str, dict] = {}
     timings = manifest["timings"]
-    with torch.inference_mode(False), torch.no_grad():
-        if "onnx" in formats:
-            with timed(timings, "onnx"):
-                exported["onnx"] = export_onnx(artifact_model, example_typed, folder / ONNX, embedded_fields(manifest))
-        fields = {k: v for k, v in manifest.items() if k not in ("source", "timings")}
-        if "pt2" in formats:
-            with timed(timings, "pt2"):
-                exported["pt2"] = export_pt2(artifact_model, example_typed, folder / PT2, fields)
-        if "aoti" in formats:
-            with timed(timings, "aoti"):
-                exported["aoti"] = export_aoti(artifact_model, example_typed, folder / AOTI)
-        if "torchscript" in formats:
-            with timed(timings, "torchscript"):
-                exported["torchscript"] = export_torchscript(
-                    artifact_model, example_typed, folder / TORCHSCRIPT, fields
-                )
-        if "safetensors" in formats:
-            with timed(timings, "safetensors"):
-                exported["safetensors"] = export_safetensors(artifact_model, folder / SAFETENSORS, spec.arch)
+    exported, skipped = write_formats(artifact_model, example_typed, formats, folder, manifest, artifact_model)
     manifest["onnx"] = (
         {
             "opset": exported["onnx"]["opset"],
@@ -129,12 +100,13 @@ def write_and_check(
     with timed(timings, "parity"):
         images, origin = real_images(data, options.samples, REAL_IMAGES, options.val_split)
         inputs, described = parity_inputs(pre, images, origin)
-        computing = set(formats) - {"safetensors"}
+        written = [name for name in formats if name in exported]
+        computing = set(written) - {"safetensors"}
         results, not_checked = (
-            run_parity(model, folder, inputs, formats, device, options.fp16, tol) if computing else ([], None)
+            run_parity(model, folder, inputs, written, device, options.fp16, tol) if computing else ([], None)
         )
     manifest["parity"] = parity_report(
-        results, device, options.fp16, tol, precision, len(inputs), described, not_checked=not_checked
+        results, device, options.fp16, tol, precision, len(inputs), described, skipped, not_checked=not_checked
     )
     manifest["parity"]["summary"].extend(notes)
     if reference is not None and "onnx" in exported:
@@ -163,34 +135,47 @@ def write_and_check(
 
 
 def classifier_job(request: ExportRequest) -> Job:
-    args, src = request.args, request.source
-    refuse_detector_flags(args, "an image classifier")
+    options, src = request.options, request.source
     with timed(request.timings, "load"):
-        spec = resolve_model(src, args.arch, args.model, args.image_size, request.checked.labels)
-        loads = src.module is None or args.arch or args.model  # else the pickled module is the model
-        loaded, tied = load_weights(spec, src, not args.model, args.allow_partial) if loads else (set(), {})
+        spec = resolve_model(
+            src, options.read.arch, options.read.model, options.read.image_size, request.options.read.labels
+        )
+        loads = src.module is None or options.read.arch or options.read.model  # else the pickled module is the model
+        loaded, tied = (
+            load_weights(spec, src, not options.read.model, options.read.allow_partial) if loads else (set(), {})
+        )
         model = spec.model.float().eval()
         provenance = (
-            trace(model, spec.unwrapped, loaded, tied, spec.arch, args.allow_partial)
+            trace(model, spec.unwrapped, loaded, tied, spec.arch, options.read.allow_partial)
             if loads
             else whole_module(model, spec.arch)
         )
     log_loading(src, spec.unwrapped)
     check_eval_mode(model)
     origin = origin_fields(request.checkpoint, src, spec.unwrapped, provenance)
-    dtype = "float16" if args.fp16 else "float32"
+    dtype = "float16" if options.write.fp16 else "float32"
     manifest = new_manifest(spec.arch, spec.classes, spec.preprocess, dtype, origin, request.timings)
     hints = src.preprocess_hints
-    options = CheckOptions(
-        args.fp16, tolerance_of(args), args.samples, args.int8, args.max_accuracy_drop, hints.get("val_split")
+    checks = CheckOptions(
+        options.write.fp16,
+        tolerance_of(options),
+        options.parity.samples,
+        options.parity.int8,
+        options.parity.max_accuracy_drop,
+        hints.get("val_split"),
     )
     data = (src.meta or {}).get("data") or hints.get("data")  # handoff's meta, else the training script's args
-    formats, device = request.checked.formats, request.device
+    formats, device = request.options.write.formats, request.device
     return Job(
         manifest,
-        lambda folder: write_and_check(model, spec, data, formats, device, options, manifest, folder),
+        lambda folder: write_and_check(model, spec, data, formats, device, checks, manifest, folder),
         f"{spec.arch} ({spec.num_classes} classes)",
     )
 
 
-TASK = ExportTask(TASK_IMAGE_CLASSIFICATION, lambda request: request.hf is None, classifier_job)
+TASK = ExportTask(
+    TASK_IMAGE_CLASSIFICATION,
+    "image classifiers",
+    classifier_job,
+    frozenset({"arch", "image_size", "labels", "model", "fp16", "int8", "max_accuracy_drop", "samples"}),
+)

@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from contract.instances import MASK_THRESHOLD
-from contract.manifest import ONNX, Manifest, embedded_fields, new_tensor_manifest
+from contract.manifest import FORMATS, ONNX, Manifest, embedded_fields, new_tensor_manifest
 from contract.signature import TASK_OBJECT_DETECTION, Signature, TensorSpec
 from export.architecture import load_by_heads
 from export.detection_graph import (
@@ -58,7 +58,7 @@ from export.inputs import sample_images
 from export.instance_parity import InstanceGaps
 from export.job import Job, log_loading, origin_fields
 from export.parity import Comparison, Tolerance, onnx_sessions, parity_report, pin_precision
-from export.pipeline import ExportRequest, ExportTask, close_manifest, refuse_classifier_flags
+from export.pipeline import ExportRequest, ExportTask, close_manifest
 from export.steps import timed
 from export.tensor_model import first_line
 
@@ -163,13 +163,23 @@ def parity_images(samples: Path | None = None) -> tuple[list[np.ndarray], str]:
 
 def detection_job(request: ExportRequest) -> Job:
     """--labels: one name per class index (index 0 is torchvision's background)."""
-    args, src, arch, timings, device = request.args, request.source, str(request.arch), request.timings, request.device
-    labels, checkpoint = request.checked.labels, request.checkpoint
-    refuse_classifier_flags(args, "a detector", allowed=("arch", "labels", "min_size", "max_size", "samples"))
+    options, src, arch, timings, device = (
+        request.options,
+        request.source,
+        str(request.arch),
+        request.timings,
+        request.device,
+    )
+    labels, checkpoint = request.options.read.labels, request.checkpoint
+    formats = request.options.write.formats
+    if "onnx" not in formats:
+        raise ValueError(
+            f"--formats={','.join(formats)}: a detector is exported to ONNX (add onnx), which the service runs"
+        )
     hints = {**src.preprocess_hints, "num_keypoints": _keypoint_count(src.state_dict)}
-    hints |= {size: getattr(args, size) for size in ("min_size", "max_size") if getattr(args, size, None)}
+    hints |= {size: getattr(options.read, size) for size in ("min_size", "max_size") if getattr(options.read, size)}
     make = lambda n: _build(arch, n, hints)  # noqa: E731
-    model, unwrapped, labels, provenance = load_by_heads(make, src, arch, labels, timings, args.allow_partial)
+    model, unwrapped, labels, provenance = load_by_heads(make, src, arch, labels, timings, options.read.allow_partial)
     log_loading(src, unwrapped)
     settings = detection_settings(model)
     origin = origin_fields(checkpoint, src, unwrapped, provenance)
@@ -181,7 +191,7 @@ def detection_job(request: ExportRequest) -> Job:
     }
     return Job(
         manifest,
-        lambda out: write_detection_export(model, device, manifest, out, args.samples),
+        lambda out: write_detection_export(model, device, manifest, out, options.parity.samples, formats),
         f"{arch} ({len(labels)} classes, background included)",
     )
 
@@ -294,8 +304,10 @@ def detection_summary(results: list[Comparison], device: torch.device, images: i
 
 
 def write_detection_export(
-    model: nn.Module, device: torch.device, manifest: Manifest, folder: Path, samples: Path | None
+    model: nn.Module, device: torch.device, manifest: Manifest, folder: Path, samples: Path | None, formats: list[str]
 ) -> int:
+    """ONNX, proved; every other format asked for skipped with the reason, as write_formats skips a format its
+    exporter cannot write."""
     with timed(manifest["timings"], "onnx"):
         try:
             export_detection_onnx(exportable(model), folder / ONNX, embedded_fields(manifest))
@@ -323,7 +335,7 @@ def write_detection_export(
         precision,
         len(images),
         described,
-        skipped={"model.pt2": reason, "model.torchscript.pt": reason},
+        skipped={FORMATS[name]: reason for name in formats if name != "onnx"},
         batch_sizes=[1],
         not_checked=not_checked,
     )
@@ -333,4 +345,9 @@ def write_detection_export(
     return close_manifest(manifest, folder, [ONNX])
 
 
-TASK = ExportTask(TASK_OBJECT_DETECTION, lambda request: is_detector(request.arch), detection_job)
+TASK = ExportTask(
+    TASK_OBJECT_DETECTION,
+    "torchvision detectors",
+    detection_job,
+    frozenset({"arch", "labels", "min_size", "max_size", "samples"}),
+)

@@ -27,7 +27,7 @@ from contract.signature import TASK_SEMANTIC_SEGMENTATION
 from export.architecture import load_by_heads
 from export.inputs import sample_images
 from export.job import Job, log_loading, origin_fields
-from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of, write_tensor_export
+from export.pipeline import ExportRequest, ExportTask, tolerance_of, write_tensor_export
 from export.tensor_model import Example, describe
 
 MAX_SAMPLES = 8  # --samples: one batch of them at EXAMPLE_SIZE
@@ -85,14 +85,19 @@ def example_images(samples: Path | None = None) -> Example:
 
 def segmentation_job(request: ExportRequest) -> Job:
     """--labels: one name per class index (index 0 is the references' background)."""
-    args, src, arch, timings, device = request.args, request.source, str(request.arch), request.timings, request.device
-    labels, checkpoint, formats = request.checked.labels, request.checkpoint, request.checked.formats
-    refuse_classifier_flags(args, "a segmenter", allowed=("arch", "labels", "samples"))
+    options, src, arch, timings, device = (
+        request.options,
+        request.source,
+        str(request.arch),
+        request.timings,
+        request.device,
+    )
+    labels, checkpoint, formats = request.options.read.labels, request.checkpoint, request.options.write.formats
     aux_loss = bool(src.preprocess_hints.get("aux_loss")) or any("aux_classifier." in k for k in src.state_dict)
     make = lambda n: _build(arch, n, aux_loss)  # noqa: E731
-    model, unwrapped, labels, provenance = load_by_heads(make, src, arch, labels, timings, args.allow_partial)
+    model, unwrapped, labels, provenance = load_by_heads(make, src, arch, labels, timings, options.read.allow_partial)
     log_loading(src, unwrapped)
-    example = example_images(args.samples)
+    example = example_images(options.parity.samples)
     dynamic: dict[str, tuple[int, ...]] = {"image": (2, 3)}
     signature, wrapped = describe(SegmentationGraph(model).eval(), example, dynamic)
     origin = origin_fields(checkpoint, src, unwrapped, provenance)
@@ -103,7 +108,7 @@ def segmentation_job(request: ExportRequest) -> Job:
         "labels": labels,
         "segmentation": settings,
     }
-    tolerance = tolerance_of(args)
+    tolerance = tolerance_of(options)
     return Job(
         manifest,
         lambda out: write_tensor_export(wrapped, example, dynamic, formats, device, tolerance, manifest, out),
@@ -111,4 +116,6 @@ def segmentation_job(request: ExportRequest) -> Job:
     )
 
 
-TASK = ExportTask(TASK_SEMANTIC_SEGMENTATION, lambda request: is_segmenter(request.arch), segmentation_job)
+TASK = ExportTask(
+    TASK_SEMANTIC_SEGMENTATION, "torchvision segmenters", segmentation_job, frozenset({"arch", "labels", "samples"})
+)

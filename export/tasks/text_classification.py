@@ -27,7 +27,7 @@ from export.hf_text import (
     training_tokenizer,
 )
 from export.job import Job, log_loading
-from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of, write_tensor_export
+from export.pipeline import ExportRequest, ExportTask, tolerance_of, write_tensor_export
 from export.readers.hf_checkpoint import HfCheckpoint
 from export.reference import pipeline_reference
 from export.tensor_model import Example, describe
@@ -36,28 +36,36 @@ log = logging.getLogger("export")
 
 
 def text_job(request: ExportRequest) -> Job:
-    args, hf = request.args, request.hf
-    assert hf is not None  # TASK recognized it
-    refuse_classifier_flags(args, "a Hugging Face text model")
+    options, hf = request.options, request.hf
+    assert hf is not None  # export/tasks/__init__.py chose this task for it
     loaded = load_hf_text(request, hf, "AutoModelForSequenceClassification")
     tokenizer = training_tokenizer(request, hf, loaded, None)
     if tokenizer is None:
-        if args.text_pairs:
+        if options.read.text_pairs:
             raise ValueError(f"--text-pairs: no tokenizer beside {hf.config_dir} to join the pairs; --tokenizer DIR")
         return _token_ids_job(request, hf, loaded)
     labels, scores = config_labels(hf, loaded.model.config), pipeline_scores(loaded.model.config)
-    reference = pipeline_reference(hf, loaded, tokenizer, tolerance_of(args), scores)
+    reference = pipeline_reference(hf, loaded, tokenizer, tolerance_of(options), scores)
     fields: Manifest = {"task": TASK_TEXT_CLASSIFICATION, "labels": labels, "scores": scores}
     fields["reference"] = reference.to_manifest()
     described = f"{hf.architecture} ({len(labels)} labels: {', '.join(labels[:4])}) with its tokenizer"
-    takes_pairs = not args.text_pairs and encodes_pairs(tokenizer)
-    if args.text_pairs:
+    takes_pairs = not options.read.text_pairs and encodes_pairs(tokenizer)
+    if options.read.text_pairs:
         described += ", on pairs of texts"
     elif takes_pairs:
         described += ", on a text or a pair of texts"
     wrapper = Logits(loaded.model)
     return tokenized_job(
-        request, hf, loaded, tokenizer, wrapper, fields, described, args.text_pairs, reference.checks, takes_pairs
+        request,
+        hf,
+        loaded,
+        tokenizer,
+        wrapper,
+        fields,
+        described,
+        options.read.text_pairs,
+        reference.checks,
+        takes_pairs,
     )
 
 
@@ -85,7 +93,7 @@ def _token_ids_job(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedText)
     signature, wrapped = describe(Logits(loaded.model), example, dynamic)
     log_loading(loaded.src, loaded.unwrapped)
     manifest = hf_manifest(hf, signature, dynamic, loaded.src, loaded.unwrapped, loaded.provenance, request.timings)
-    tol, formats, device = tolerance_of(request.args), request.checked.formats, request.device
+    tol, formats, device = tolerance_of(request.options), request.options.write.formats, request.device
     return Job(
         manifest,
         lambda out: write_tensor_export(wrapped, example, dynamic, formats, device, tol, manifest, out),
@@ -93,8 +101,4 @@ def _token_ids_job(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedText)
     )
 
 
-def is_sequence_classifier(request: ExportRequest) -> bool:
-    return request.hf is not None and request.hf.architecture.endswith("ForSequenceClassification")
-
-
-TASK = ExportTask(TASK_TEXT_CLASSIFICATION, is_sequence_classifier, text_job, takes_pairs=True)
+TASK = ExportTask(TASK_TEXT_CLASSIFICATION, "Hugging Face text classifiers", text_job, frozenset({"text_pairs"}))

@@ -33,9 +33,9 @@ from contract.tokenizer_spec import TextTokenizer
 from export.hf_text import SENTENCES, SHORTEST, load_hf_text, tokenized_job, training_tokenizer
 from export.job import Job
 from export.parity import Tolerance
-from export.pipeline import Check, ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
+from export.pipeline import Check, ExportRequest, ExportTask, tolerance_of
 from export.readers.hf_checkpoint import HfCheckpoint
-from export.readers.sentence_transformers import MODULES, SentenceTransformersFolder, read_sentence_transformers
+from export.readers.sentence_transformers import SentenceTransformersFolder, read_sentence_transformers
 from export.reference import Reference, ServedModel, folder_is_the_model
 
 
@@ -65,9 +65,8 @@ def without_unused_pooler(model: nn.Module, keys: set[str]) -> None:
 
 
 def embedding_job(request: ExportRequest) -> Job:
-    args, hf = request.args, request.hf
-    assert hf is not None  # TASK recognized it
-    refuse_classifier_flags(args, "a Hugging Face sentence encoder")
+    hf = request.hf
+    assert hf is not None  # export/tasks/__init__.py chose this task for it
     loaded = load_hf_text(request, hf, "AutoModel", without_unused_pooler)
     dimensions = int(loaded.model.config.hidden_size)
     found = read_sentence_transformers(hf.config_dir, dimensions)
@@ -100,13 +99,13 @@ def library_reference(request: ExportRequest, hf: HfCheckpoint, found: SentenceT
         why += "remote code)"
         return Reference("handoff", own, why_not=why)
     if importlib.util.find_spec("sentence_transformers") is None:
-        if not request.args.own_reference:
+        if not request.options.parity.own_reference:
             raise ValueError(
                 f"{hf.config_dir}: a sentence-transformers folder, whose answers are sentence-transformers' "
                 "encode(): pip install sentence-transformers, or --own-reference to compare with handoff's own model"
             )
         return Reference("handoff", own, why_not="sentence-transformers is not installed (--own-reference)")
-    tol = tolerance_of(request.args)
+    tol = tolerance_of(request.options)
     call = "SentenceTransformer(folder, device='cpu').encode(texts, prompt_name=...)"
     return Reference("sentence-transformers", call, lambda served, out: encode_matches(found, served, out, tol))
 
@@ -131,13 +130,4 @@ def encode_matches(found: SentenceTransformersFolder, served: TextTokenizer, out
     return [("sentence-transformers encode", reason)]
 
 
-def is_encoder(request: ExportRequest) -> bool:
-    """A Hugging Face checkpoint of a bare encoder (`BertModel`: no task head), or a sentence-transformers folder."""
-    hf: HfCheckpoint | None = request.hf
-    if hf is None:
-        return False
-    bare = hf.architecture.endswith("Model") and "For" not in hf.architecture
-    return bare or (hf.config_dir / MODULES).is_file()
-
-
-TASK = ExportTask(TASK_TEXT_EMBEDDING, is_encoder, embedding_job)
+TASK = ExportTask(TASK_TEXT_EMBEDDING, "sentence encoders", embedding_job, frozenset({"own_reference"}))

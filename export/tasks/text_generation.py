@@ -44,28 +44,18 @@ from export.pipeline import (
     ExportTask,
     add_own_checks,
     close_manifest,
-    refuse_classifier_flags,
     tolerance_of,
 )
-from export.readers.hf_checkpoint import CONFIG, HfCheckpoint
+from export.readers.hf_checkpoint import CONFIG
 from export.reference import Reference
 from export.steps import timed
-
-CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
-
-
-def is_causal_lm(request: ExportRequest) -> bool:
-    hf: HfCheckpoint | None = request.hf
-    return hf is not None and hf.architecture.endswith(CAUSAL_SUFFIXES)
-
 
 GENERATE_CALL = "model.generate(ids, generation_config=the folder's generation_config.json, do_sample=False)"
 
 
 def generation_job(request: ExportRequest) -> Job:
-    args, hf = request.args, request.hf
-    assert hf is not None  # TASK recognized it
-    refuse_classifier_flags(args, "a language model")
+    options, hf = request.options, request.hf
+    assert hf is not None  # export/tasks/__init__.py chose this task for it
     where = hf.config_dir / CONFIG
     if hf.architecture not in GENAI_ARCHITECTURES:
         raise ValueError(
@@ -94,7 +84,7 @@ def generation_job(request: ExportRequest) -> Job:
         "reference": Reference("transformers", GENERATE_CALL).to_manifest(),
         "hf": {"model_type": hf.config["model_type"], "architecture": hf.architecture, "dtype": str(dtype)[6:]},
     }
-    own_prompts = _own_prompts(args.prompts)
+    own_prompts = _own_prompts(options.parity.prompts)
 
     def write(out: Path) -> int:
         with timed(manifest["timings"], "hf folder"):
@@ -189,20 +179,28 @@ def _parity(
     """The parity block: the served tokenizer's checks, then greedy generations and logits against transformers'
     `generate` with the folder's generation config."""
     precision = genai_precision(request.device.type)
-    tol = tolerance_of(request.args, precision)
+    tol = tolerance_of(request.options, precision)
     served = PromptTokenizer((out / TOKENIZER).read_bytes(), settings)
     prompts, checks = parity_prompts(tokenizer, served, own)
     checks.append(decode_check(tokenizer, served, prompts))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else settings.eos_token_ids[0]
     generated, generation_checks = compare_generation(
-        model, read.config, out / GENAI_FOLDER, prompts, list(settings.eos_token_ids), pad, request.args.new_tokens, tol
+        model,
+        read.config,
+        out / GENAI_FOLDER,
+        prompts,
+        list(settings.eos_token_ids),
+        pad,
+        request.options.parity.new_tokens,
+        tol,
     )
     checks += generation_checks
     passed = all(reason is None for _, reason in checks) and generated.tokens_compared > 0
     report: dict[str, Any] = {
         "summary": [
             f"parity: ONNX Runtime GenAI against transformers on {request.device}, {len(prompts)} prompts, "
-            f"{request.args.new_tokens} new tokens each (to eos, and forced past it): {generated.tokens_compared} "
+            f"{request.options.parity.new_tokens} new tokens each (to eos, and forced past it): "
+            f"{generated.tokens_compared} "
             f"tokens compared, {generated.near_ties} near-tie(s), logits within {generated.max_logit_diff:.1e}"
         ],
         "device": str(request.device),
@@ -216,4 +214,4 @@ def _parity(
     return report
 
 
-TASK = ExportTask(TASK_TEXT_GENERATION, is_causal_lm, generation_job)
+TASK = ExportTask(TASK_TEXT_GENERATION, "language models", generation_job, frozenset({"prompts", "new_tokens"}))

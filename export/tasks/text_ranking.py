@@ -11,7 +11,7 @@ from contract.manifest import Manifest
 from contract.signature import TASK_TEXT_RANKING
 from export.hf_text import Logits, config_labels, load_hf_text, pipeline_scores, tokenized_job, training_tokenizer
 from export.job import Job
-from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
+from export.pipeline import ExportRequest, ExportTask, tolerance_of
 from export.readers.hf_checkpoint import CONFIG, HfCheckpoint
 from export.reference import cross_encoder_reference
 
@@ -25,9 +25,8 @@ ACTIVATIONS = {
 
 
 def ranking_job(request: ExportRequest) -> Job:
-    args, hf = request.args, request.hf
-    assert hf is not None  # TASK recognized it
-    refuse_classifier_flags(args, "a Hugging Face cross-encoder")
+    options, hf = request.options, request.hf
+    assert hf is not None  # export/tasks/__init__.py chose this task for it
     loaded = load_hf_text(request, hf, "AutoModelForSequenceClassification")
     tokenizer = training_tokenizer(request, hf, loaded, "cross-encoder")
     if tokenizer.num_special_tokens_to_add(pair=True) <= tokenizer.num_special_tokens_to_add(pair=False):
@@ -37,7 +36,7 @@ def ranking_job(request: ExportRequest) -> Job:
         )
     config = loaded.model.config
     scores, rerank_scores = pipeline_scores(config), cross_encoder_scores(hf)
-    reference = cross_encoder_reference(hf, loaded, tokenizer, tolerance_of(args), scores, rerank_scores)
+    reference = cross_encoder_reference(hf, loaded, tokenizer, tolerance_of(options), scores, rerank_scores)
     fields: Manifest = {"task": TASK_TEXT_RANKING, "labels": config_labels(hf, config), "scores": scores}
     fields |= {"rerank_scores": rerank_scores, "reference": reference.to_manifest()}
     described = f"{hf.architecture} (a cross-encoder: one score per pair of texts) with its tokenizer"
@@ -62,14 +61,4 @@ def cross_encoder_scores(hf: HfCheckpoint) -> str:
     return ACTIVATIONS[named]
 
 
-def is_cross_encoder(request: ExportRequest) -> bool:
-    """A sequence classifier with one label (transformers' default is two, when the config lists none)."""
-    hf = request.hf
-    return (
-        hf is not None
-        and hf.architecture.endswith("ForSequenceClassification")
-        and len(hf.config.get("id2label") or {0: 0, 1: 1}) == 1
-    )
-
-
-TASK = ExportTask(TASK_TEXT_RANKING, is_cross_encoder, ranking_job, takes_pairs=True)
+TASK = ExportTask(TASK_TEXT_RANKING, "Hugging Face cross-encoders", ranking_job, frozenset({"text_pairs"}))

@@ -11,26 +11,21 @@ from contract.manifest import Manifest
 from contract.signature import TASK_TOKEN_CLASSIFICATION
 from export.hf_text import Logits, config_labels, load_hf_text, tokenized_job, training_tokenizer
 from export.job import Job
-from export.pipeline import ExportRequest, ExportTask, refuse_classifier_flags, tolerance_of
+from export.pipeline import ExportRequest, ExportTask, tolerance_of
 from export.reference import token_pipeline_reference
 
 
 def token_job(request: ExportRequest) -> Job:
-    args, hf = request.args, request.hf
-    assert hf is not None  # TASK recognized it
-    refuse_classifier_flags(args, "a Hugging Face token classifier")
+    options, hf = request.options, request.hf
+    assert hf is not None  # export/tasks/__init__.py chose this task for it
     loaded = load_hf_text(request, hf, "AutoModelForTokenClassification")
     tokenizer = training_tokenizer(request, hf, loaded, "token classifier")
     labels = config_labels(hf, loaded.model.config)
-    reference = token_pipeline_reference(hf, loaded, tokenizer, tolerance_of(args))
+    reference = token_pipeline_reference(hf, loaded, tokenizer, tolerance_of(options))
     fields: Manifest = {"task": TASK_TOKEN_CLASSIFICATION, "labels": labels, "reference": reference.to_manifest()}
     described = f"{hf.architecture} ({len(labels)} token labels: {', '.join(labels[:4])}) with its tokenizer"
     wrapper = Logits(loaded.model)
     return tokenized_job(request, hf, loaded, tokenizer, wrapper, fields, described, reference=reference.checks)
 
 
-def is_token_classifier(request: ExportRequest) -> bool:
-    return request.hf is not None and request.hf.architecture.endswith("ForTokenClassification")
-
-
-TASK = ExportTask(TASK_TOKEN_CLASSIFICATION, is_token_classifier, token_job)
+TASK = ExportTask(TASK_TOKEN_CLASSIFICATION, "Hugging Face token classifiers", token_job)
