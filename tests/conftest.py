@@ -115,6 +115,18 @@ def assert_same_tensors(a: dict, b: dict) -> None:
         assert torch.equal(a[key], b[key]), f"{key} differs"
 
 
+def assert_serves_only_its_routes(url: str, own: set[str]) -> None:
+    """The model's routes are `own` (e.g. {"POST /embed", ...}), said alike by GET /info and GET /docs.json, whose
+    other paths are the routes every model has: no other task's route is documented (serve/http/routes.py)."""
+    info = httpx.get(f"{url}/info", timeout=10).json()
+    assert {f"{r['method']} {r['path']}" for r in info["routes"]} == own, info["routes"]
+    document = httpx.get(f"{url}/docs.json", timeout=10).json()
+    documented = {f"{method.upper()} {path}" for path, item in document["paths"].items() for method in item}
+    common = {"/", "/info", "/metrics", "/docs.json", "/livez", "/readyz", "/healthz"}
+    tasks = {entry for entry in documented if entry.split()[1] not in common and not entry.split()[1].startswith("/v2")}
+    assert tasks == own, tasks
+
+
 Server = BentoServer  # the tests start the service exactly as `make demo` does
 UNIT = Path(__file__).resolve().parent / "unit"
 _TREE_BEFORE = pytest.StashKey[set[str]]()

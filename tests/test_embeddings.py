@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 import tritonclient.http as triton
-from conftest import Server, run
+from conftest import Server, assert_serves_only_its_routes, run
 from sentence_transformers import SentenceTransformer
 
 from contract.manifest import read_manifest_unchecked
@@ -213,6 +213,11 @@ def test_what_sentence_transformers_would_do_and_handoff_does_not_is_refused(
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode != 0 and words in last, done.stderr[-1500:]
     assert not out.exists()
+
+
+def test_an_encoder_documents_and_answers_its_own_routes_alone(server):
+    assert_serves_only_its_routes(server.url, {"POST /embed", "POST /v1/embeddings", "POST /predict"})
+    assert httpx.post(f"{server.url}/classify", json={"text": "hi"}).status_code == 404
 
 
 def test_wrong_embedding_requests_get_a_4xx_naming_the_problem(server):

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 import transformers
-from conftest import Server, attack_memory_mb, probe_timeout_s, run
+from conftest import Server, assert_serves_only_its_routes, attack_memory_mb, probe_timeout_s, run
 from safetensors.torch import load_file
 from test_serve_attacks import peak_growth_mb
 from test_serve_attacks_round3 import slowest_probe_during
@@ -279,6 +279,12 @@ def test_the_front_doors_refusals_are_openai_error_bodies_too(server):
         server.url + "/v1/completions", content=b"{" * 30_000_000, headers={"content-type": "application/json"}
     )
     assert r.status_code == 413 and r.json()["error"]["type"] == "BadRequestError"
+
+
+def test_a_language_model_documents_and_answers_its_own_routes_alone(server):
+    assert_serves_only_its_routes(server.url, {"POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models"})
+    infer = httpx.post(f"{server.url}/v2/models/handoff/infer", json={"inputs": []})
+    assert infer.status_code == 400 and "/v1/completions" in infer.json()["error"], infer.text
 
 
 def test_a_chat_the_template_refuses_is_a_400(server):

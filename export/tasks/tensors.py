@@ -45,5 +45,5 @@ def tensor_job(request: ExportRequest) -> Job:
 
 
 TASK = ExportTask(
-    TASK_TENSORS, "models of tensors (--example)", tensor_job, frozenset({"model", "example", "dynamic", "fp16"})
+    TASK_TENSORS, "models of tensors (--example)", tensor_job, frozenset({"model", "example", "dynamic"})
 )
