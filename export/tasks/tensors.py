@@ -44,6 +44,4 @@ def tensor_job(request: ExportRequest) -> Job:
     )
 
 
-TASK = ExportTask(
-    TASK_TENSORS, "models of tensors (--example)", tensor_job, frozenset({"model", "example", "dynamic"})
-)
+TASK = ExportTask(TASK_TENSORS, "models of tensors (--example)", tensor_job, frozenset({"model", "example", "dynamic"}))
