@@ -17,7 +17,7 @@ from train.class_names import check_class_names
 
 MAX_LABELS_BYTES = 16 * 2**20  # a million names of 16 characters
 # The flags that mean something to some tasks only, by their option name: each task declares those it takes.
-TASK_FLAGS = {
+SCOPED_FLAGS = {
     "arch": "--arch",
     "image_size": "--image-size",
     "labels": "--labels",
@@ -95,7 +95,7 @@ class ExportOptions:
     write: WriteOptions
     parity: ParityOptions
     given: frozenset[str]
-    """the task flags given a value other than their default (TASK_FLAGS' names)"""
+    """the task flags given a value other than their default (SCOPED_FLAGS' names)"""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, parser: argparse.ArgumentParser) -> ExportOptions:
@@ -104,38 +104,38 @@ class ExportOptions:
         formats = _formats(args.formats)
         _check_numbers(args, formats)
         read = ReadOptions(
-            args.checkpoint,
-            args.pick,
-            args.arch,
-            args.ema,
-            args.model,
-            args.example,
-            args.dynamic,
-            args.image_size,
-            args.min_size,
-            args.max_size,
-            _labels(args.labels),
-            args.hf_config,
-            args.tokenizer,
-            args.text_pairs,
-            args.trust_remote_code,
-            args.allow_partial,
-            args.trust_pickle,
+            checkpoints=args.checkpoint,
+            pick=args.pick,
+            arch=args.arch,
+            ema=args.ema,
+            model=args.model,
+            example=args.example,
+            dynamic=args.dynamic,
+            image_size=args.image_size,
+            min_size=args.min_size,
+            max_size=args.max_size,
+            labels=_labels(args.labels),
+            hf_config=args.hf_config,
+            tokenizer=args.tokenizer,
+            text_pairs=args.text_pairs,
+            trust_remote_code=args.trust_remote_code,
+            allow_partial=args.allow_partial,
+            trust_pickle=args.trust_pickle,
         )
-        write = WriteOptions(args.out, formats, args.fp16, args.name, not args.no_bento)
+        write = WriteOptions(out=args.out, formats=formats, fp16=args.fp16, name=args.name, register=not args.no_bento)
         parity = ParityOptions(
-            args.device,
-            args.samples,
-            args.int8,
-            args.max_accuracy_drop,
-            args.accept_unchecked,
-            args.own_reference,
-            args.prompts,
-            args.new_tokens,
-            args.atol,
-            args.rtol,
+            device=args.device,
+            samples=args.samples,
+            int8=args.int8,
+            max_accuracy_drop=args.max_accuracy_drop,
+            accept_unchecked=args.accept_unchecked,
+            own_reference=args.own_reference,
+            prompts=args.prompts,
+            new_tokens=args.new_tokens,
+            atol=args.atol,
+            rtol=args.rtol,
         )
-        given = frozenset(name for name in TASK_FLAGS if getattr(args, name) != parser.get_default(name))
+        given = frozenset(name for name in SCOPED_FLAGS if getattr(args, name) != parser.get_default(name))
         return cls(read, write, parity, given)
 
 

@@ -37,7 +37,7 @@ from export.exporters import (
     export_torchscript,
 )
 from export.job import Job
-from export.options import TASK_FLAGS, ExportOptions
+from export.options import SCOPED_FLAGS, ExportOptions
 from export.parity import DEFAULT_TOLERANCES, Comparison, Tolerance, parity_report, pin_precision
 from export.readers import Source, read_source
 from export.readers.hf_checkpoint import HfCheckpoint, find_hf_checkpoint
@@ -97,7 +97,7 @@ class ExportTask:
     """what it exports, in words, for a person: image classifiers, detectors, ..."""
     job: Callable[[ExportRequest], Job]
     flags: frozenset[str] = frozenset()
-    """the task flags (export/options.py's TASK_FLAGS) that mean something to it"""
+    """the task flags (export/options.py's SCOPED_FLAGS) that mean something to it"""
 
 
 Check = tuple[str, str | None]  # a task's own check: its name, and why it failed (None: it passed)
@@ -169,9 +169,9 @@ def refuse_flags_not_for(task: ExportTask, options: ExportOptions, tasks: tuple[
     given = sorted(options.given - task.flags)
     if not given:
         return
-    flags = ", ".join(TASK_FLAGS[name] for name in given)
+    flags = ", ".join(SCOPED_FLAGS[name] for name in given)
     takers = sorted({other.kind for other in tasks for name in given if name in other.flags})
-    takes = ", ".join(TASK_FLAGS[name] for name in sorted(task.flags)) or "none of them"
+    takes = ", ".join(SCOPED_FLAGS[name] for name in sorted(task.flags)) or "none of them"
     raise ValueError(f"{flags}: for {' and '.join(takers)}; not for {task.kind}, which take {takes}")
 
 

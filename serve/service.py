@@ -228,8 +228,7 @@ class ModelService:
         """The task, where it answers the protocol's infer (ClientError where it does not: a language model)."""
         if not isinstance(self.task, ProtocolTask):
             raise ClientError(
-                f"{self.task.kind} is not served through the protocol's infer: see GET /info's routes "
-                f"({', '.join(f'{e.method} {e.path}' for e in ROUTES.task_rows)})"
+                f"{self.task.kind} is not served through the protocol's infer: it answers {ROUTES.answered()}"
             )
         return self.task
 

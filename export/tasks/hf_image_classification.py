@@ -70,13 +70,7 @@ def hf_image_job(request: ExportRequest) -> Job:
     manifest["scores"] = scores  # how the pipeline scores its logits: softmax, or sigmoid for independent labels
     manifest["reference"] = Reference("transformers", IMAGE_PIPELINE_CALL).to_manifest()
     reference = image_pipeline_matches(hf, loaded.model, folder, preprocess, scores, tolerance_of(options, "fp32"))
-    checks = CheckOptions(
-        options.write.fp16,
-        tolerance_of(options),
-        options.parity.samples,
-        options.parity.int8,
-        options.parity.max_accuracy_drop,
-    )
+    checks = CheckOptions.of(options)
     with timed(request.timings, "preprocess_check"):
         photos, _ = real_images(None, options.parity.samples, REAL_IMAGES)
         check = check_processor(folder, model, preprocess, photos, options.read.trust_remote_code)

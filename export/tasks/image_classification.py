@@ -31,6 +31,7 @@ from export.image_processor import check_images
 from export.inputs import REAL_IMAGES, parity_inputs, real_images
 from export.int8 import quantize, report_dict
 from export.job import Job, log_loading, origin_fields
+from export.options import ExportOptions
 from export.parity import Tolerance, parity_report, pin_precision, run_parity
 from export.pipeline import (
     EXIT_OK,
@@ -60,6 +61,13 @@ class CheckOptions:
     int8: bool
     max_accuracy_drop: float
     val_split: str | None = None  # the training script's name for its validation folder (timm's --val-split)
+
+    @classmethod
+    def of(cls, options: ExportOptions, val_split: str | None = None) -> CheckOptions:
+        """The command line's: --fp16, the tolerance, --samples, --int8 and --max-accuracy-drop."""
+        parity = options.parity
+        tolerance = tolerance_of(options)
+        return cls(options.write.fp16, tolerance, parity.samples, parity.int8, parity.max_accuracy_drop, val_split)
 
 
 def write_and_check(
@@ -156,14 +164,7 @@ def classifier_job(request: ExportRequest) -> Job:
     dtype = "float16" if options.write.fp16 else "float32"
     manifest = new_manifest(spec.arch, spec.classes, spec.preprocess, dtype, origin, request.timings)
     hints = src.preprocess_hints
-    checks = CheckOptions(
-        options.write.fp16,
-        tolerance_of(options),
-        options.parity.samples,
-        options.parity.int8,
-        options.parity.max_accuracy_drop,
-        hints.get("val_split"),
-    )
+    checks = CheckOptions.of(options, hints.get("val_split"))
     data = (src.meta or {}).get("data") or hints.get("data")  # handoff's meta, else the training script's args
     formats, device = request.options.write.formats, request.device
     return Job(

@@ -163,13 +163,8 @@ def parity_images(samples: Path | None = None) -> tuple[list[np.ndarray], str]:
 
 def detection_job(request: ExportRequest) -> Job:
     """--labels: one name per class index (index 0 is torchvision's background)."""
-    options, src, arch, timings, device = (
-        request.options,
-        request.source,
-        str(request.arch),
-        request.timings,
-        request.device,
-    )
+    options, src, arch = request.options, request.source, str(request.arch)
+    timings, device = request.timings, request.device
     labels, checkpoint = request.options.read.labels, request.checkpoint
     formats = request.options.write.formats
     if "onnx" not in formats:

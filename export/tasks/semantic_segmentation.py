@@ -85,13 +85,8 @@ def example_images(samples: Path | None = None) -> Example:
 
 def segmentation_job(request: ExportRequest) -> Job:
     """--labels: one name per class index (index 0 is the references' background)."""
-    options, src, arch, timings, device = (
-        request.options,
-        request.source,
-        str(request.arch),
-        request.timings,
-        request.device,
-    )
+    options, src, arch = request.options, request.source, str(request.arch)
+    timings, device = request.timings, request.device
     labels, checkpoint, formats = request.options.read.labels, request.checkpoint, request.options.write.formats
     aux_loss = bool(src.preprocess_hints.get("aux_loss")) or any("aux_classifier." in k for k in src.state_dict)
     make = lambda n: _build(arch, n, aux_loss)  # noqa: E731

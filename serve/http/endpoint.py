@@ -151,12 +151,15 @@ class RouteTable:
         asked = f"{method} {printable(path[:200])}"
         if self.task_name is None:
             return ClientError(f"no route {asked}: GET /docs.json lists them", 404)
-        answered = " or ".join(f"{e.method} {e.path}" for e in self.task_rows) or "the protocol's infer"
         return ClientError(
-            f"no route {asked} for this model (task {self.task_name}): it answers {answered}; "
+            f"no route {asked} for this model (task {self.task_name}): it answers {self.answered()}; "
             "GET /docs.json lists every route",
             404,
         )
+
+    def answered(self) -> str:
+        """The served task's routes, in words: "POST /classify or POST /predict"."""
+        return " or ".join(f"{e.method} {e.path}" for e in self.task_rows) or "the protocol's infer"
 
     def document(self, title: str, version: str) -> dict[str, Any]:
         return openapi_document(self.rows, title, version)
@@ -209,7 +212,6 @@ def openapi_document(endpoints: list[Endpoint], title: str, version: str) -> dic
         if not e.documented:
             continue
         media, schema = e.answer
-        request = e.request
         operation: dict[str, Any] = {
             "summary": e.summary,
             "operationId": f"{e.method.lower()}_{e.path.strip('/').replace('/', '_').strip('{}') or 'page'}",
@@ -229,8 +231,8 @@ def openapi_document(endpoints: list[Endpoint], title: str, version: str) -> dic
         ]
         if parameters or e.query:
             operation["parameters"] = [*parameters, *e.query]
-        if request:
-            operation["requestBody"] = {"required": True, "content": request}
+        if e.request:
+            operation["requestBody"] = {"required": True, "content": e.request}
         if not e.open:
             operation["security"] = [{"bearer": []}]
         paths.setdefault(e.path, {})[e.method.lower()] = operation

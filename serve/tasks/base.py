@@ -60,6 +60,7 @@ from serve.protocols.oip_codec import OIP_DATATYPE, InferRequest, OutputTensor
 from serve.protocols.tensors import ServedTensor, select_outputs
 
 Rows = Any  # one array, or named arrays: what a task's decode gives and its `run` takes
+TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}  # top_k's schema: `checked_top_k` checks it
 
 
 @dataclass(frozen=True)
@@ -197,16 +198,35 @@ def json_route(
     """A model's POST route that takes a JSON `body` (its schema), or the `media_types` given (their schemas), and
     answers JSON; `max_bytes`: its own limit below HANDOFF_MAX_BODY_MB; `takes`: its 415's words."""
     request = media_types or {"application/json": {"schema": body}}
+    body_route = BodyRoute(frozenset(request), max_bytes=max_bytes, takes=takes)
+    return model_route(
+        path, summary, handler, body_route, request, ("application/json", answer), query, error_body, error_schema
+    )
+
+
+def model_route(
+    path: str,
+    summary: str,
+    handler: Handler,
+    body: BodyRoute,
+    request: dict[str, Any],
+    answer: tuple[str, dict[str, Any]],
+    query: tuple[dict[str, Any], ...] = (),
+    error_body: Callable[[ClientError], dict[str, Any]] = plain_error,
+    error_schema: dict[str, Any] = ERROR,
+) -> Endpoint:
+    """A model's POST route: the body the front door reads for it (`body`), its OpenAPI request (`request`, by media
+    type) and answer, answered by `handler`. `json_route` and serve/tasks/images.py's `image_route` make one."""
     return Endpoint(
         "POST",
         path,
         summary,
         HANDOFF,
         handler,
-        BodyRoute(frozenset(request), max_bytes=max_bytes, takes=takes),
+        body,
         request=request,
         query=query,
-        answer=("application/json", answer),
+        answer=answer,
         errors=MODEL_ERRORS,
         error_body=error_body,
         error_schema=error_schema,

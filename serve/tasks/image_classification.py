@@ -28,6 +28,7 @@ from serve.model.tensor_inputs import model_inputs
 from serve.protocols.oip_codec import InferRequest, OutputTensor
 from serve.protocols.tensors import IMAGE_INPUT, ServedTensor
 from serve.tasks.base import (
+    TOP_K,
     ProtocolTask,
     Serving,
     checked_top_k,
@@ -36,7 +37,7 @@ from serve.tasks.base import (
     one_param,
     only_params,
 )
-from serve.tasks.images import TOP_K, image_files, image_route
+from serve.tasks.images import image_files, image_route
 from serve.tasks.ranking import PREDICTIONS, classifier_outputs, predictions, ranked, with_probabilities
 
 CLASSIFY_FIELDS = {"image": "file", "top_k": "integer"}  # the multipart form's fields, checked by the front door

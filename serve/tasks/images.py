@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 
 from contract.errors import ClientError
-from serve.http.endpoint import HANDOFF, MODEL_ERRORS, Endpoint, Handler
+from serve.http.endpoint import Endpoint, Handler
 from serve.http.front_door import MULTIPART, BodyRoute
 from serve.model.tensor_inputs import check_rows
 from serve.protocols.oip_codec import InferRequest
 from serve.protocols.tensors import IMAGE_INPUT
+from serve.tasks.base import TOP_K, model_route
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif")
 BINARY = {"type": "string", "format": "binary"}
-TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}
 FIELD_SCHEMAS = {"file": BINARY, "integer": TOP_K}  # a form's one integer is top_k
 IMAGE_FIELDS = {"image": "file"}  # the form of a route that takes an image and nothing else
 
@@ -42,18 +42,9 @@ def image_route(
         f"{path} takes an image: a multipart/form-data form (field image) or the image itself "
         f"({', '.join(RAW_IMAGE_TYPES)})"
     )
-    return Endpoint(
-        "POST",
-        path,
-        summary,
-        HANDOFF,
-        handler,
-        BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), form_fields, takes=takes),
-        request={MULTIPART: {"schema": form}, **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES}},
-        query=query,
-        answer=answer,
-        errors=MODEL_ERRORS,
-    )
+    body = BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), form_fields, takes=takes)
+    request = {MULTIPART: {"schema": form}, **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES}}
+    return model_route(path, summary, handler, body, request, answer, query)
 
 
 def image_files(request: InferRequest, max_rows: int) -> list[bytes]:

@@ -32,8 +32,7 @@ from contract.tokenizer_spec import Encoded
 from serve.http.endpoint import Answer, Endpoint, Incoming
 from serve.protocols.oip_codec import InferRequest, OutputTensor
 from serve.protocols.tensors import ServedTensor
-from serve.tasks.base import Serving, checked_top_k, json_route
-from serve.tasks.images import TOP_K
+from serve.tasks.base import TOP_K, Serving, checked_top_k, json_route
 from serve.tasks.ranking import (
     CLASSIFIER_OUTPUTS,
     PREDICTIONS,
