@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from contract.audio_features import AudioFeatures
 from contract.manifest import ReferenceSection
 from contract.pil_transform import Preprocessor
 from contract.scores import SCORE_FUNCTIONS
@@ -33,7 +34,7 @@ class Reference:
 
     library: str
     call: str
-    checks: Callable[[TextTokenizer, Path], list[Check]] | None = None
+    checks: Callable[..., list[Check]] | None = None  # the task's call: (served tokenizer or clips, export folder)
     why_not: str | None = None  # why the library's call could not be the reference
 
     def to_manifest(self) -> ReferenceSection:
@@ -57,11 +58,12 @@ def _model_named(hf: HfCheckpoint) -> str:
 
 def _pipeline(task: str, hf: HfCheckpoint, model: Any, tokenizer: Any = None, **options: Any) -> Any:
     """transformers' pipeline for `task` on the folder where it holds the model (folder_is_the_model), else on `model`
-    as handoff loaded it, with its `tokenizer`; on the CPU."""
+    as handoff loaded it, with its `tokenizer` (or the `feature_extractor` among `options`); on the CPU."""
     import transformers
 
     make: Any = transformers.pipeline  # typed by overloads on each task's literal name
     if folder_is_the_model(hf):
+        options.pop("feature_extractor", None)  # the folder's own
         return make(task, model=str(hf.config_dir), device="cpu", **options)
     return make(task, model=model, tokenizer=tokenizer, device="cpu", **options)
 
@@ -210,3 +212,26 @@ def image_pipeline_matches(
         return [("transformers pipeline", reason)]
 
     return checks
+
+
+def audio_pipeline_reference(
+    hf: HfCheckpoint, model: Any, extractor: Any, features: AudioFeatures, scores: str, tol: Tolerance
+) -> Reference:
+    """transformers' audio-classification pipeline on the folder (or on `model` as loaded, with its extractor) against
+    the export as the service runs it: each clip's features computed as the service computes them
+    (contract/audio_features.py), the ONNX model, the manifest's `scores`, label by label."""
+    call = f"pipeline('audio-classification', model={_model_named(hf)})({{'raw': clip, 'sampling_rate': rate}}, top_k=None)"
+
+    def checks(clips: list[np.ndarray], out: Path) -> list[Check]:
+        pipe = _pipeline("audio-classification", hf, model, feature_extractor=extractor)
+        labels: Any = pipe.model.config.id2label
+        served, worst = ServedModel(out), 0.0
+        for clip in clips:
+            theirs = _by_label(pipe({"raw": clip, "sampling_rate": features.sampling_rate}, top_k=None))
+            ours = SCORE_FUNCTIONS[scores](served({"input_values": features(clip)[None]}).astype(np.float64))[0]
+            worst = max(worst, max(abs(theirs[labels[i]] - float(ours[i])) for i in range(len(ours))))
+        failed = worst > tol.atol + tol.rtol
+        reason = f"the served scores differ from the pipeline's by {worst:.2e}" if failed else None
+        return [("transformers pipeline", reason)]
+
+    return Reference("transformers", call, checks)

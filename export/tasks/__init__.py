@@ -16,6 +16,7 @@ from export.pipeline import ExportRequest, ExportTask, refuse_flags_not_for
 from export.readers.hf_checkpoint import CONFIG, HfCheckpoint
 from export.readers.sentence_transformers import MODULES
 from export.tasks import (
+    audio_classification,
     hf_image_classification,
     image_classification,
     object_detection,
@@ -39,6 +40,7 @@ TASKS: tuple[ExportTask, ...] = (
     token_classification.TASK,
     text_embedding.TASK,
     text_generation.TASK,
+    audio_classification.TASK,
 )
 
 # A Hugging Face config's architecture, by the suffix of its name (the longest that matches), to the task that
@@ -54,7 +56,7 @@ HF_HEADS: dict[str, ExportTask | str] = {
     "ForMaskedLM": "masked language modelling",
     "ForQuestionAnswering": "extractive question answering",
     "ForMultipleChoice": "multiple choice",
-    "ForAudioClassification": "audio classification",
+    "ForAudioClassification": audio_classification.TASK,  # and wav2vec2's, HuBERT's *ForSequenceClassification
     "ForCTC": "speech recognition",
     "ForSpeechSeq2Seq": "speech recognition",
 }
@@ -73,6 +75,8 @@ def hf_task(hf: HfCheckpoint) -> ExportTask:
     export."""
     if (hf.config_dir / MODULES).is_file():
         return text_embedding.TASK
+    if audio_classification.is_audio_classifier(hf):
+        return audio_classification.TASK
     where = f"{hf.config_dir / CONFIG}: {hf.architecture or 'no architecture'}"
     suffixes = [suffix for suffix in HF_HEADS if hf.architecture.endswith(suffix)]
     if not suffixes:
