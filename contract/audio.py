@@ -41,6 +41,7 @@ FORMATS = "WAV, FLAC, OGG (Vorbis, Opus), MP3, M4A (AAC) or WebM (Opus)"
 MAX_RATE = 384_000  # the highest sample rate a file may declare (studio audio is 192 kHz)
 MAX_CHANNELS = 16
 BLOCK_FRAMES = 1 << 16  # decoded, mixed and resampled a block at a time
+UNKNOWN_FRAMES = 1 << 62  # libsndfile's count for a stream that does not say its length (SF_COUNT_MAX)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ def _sndfile_blocks(data: bytes, max_seconds: float) -> Iterator:
     except (RuntimeError, soundfile.LibsndfileError) as err:
         raise ClientError(f"the audio could not be decoded: {_first_line(err)}") from None
     with sound:
-        declared = sound.frames / sound.samplerate if sound.samplerate and sound.frames > 0 else None
+        known = 0 < sound.frames < UNKNOWN_FRAMES and sound.samplerate
+        declared = sound.frames / sound.samplerate if known else None
         _checked_stream(sound.samplerate, sound.channels, declared, max_seconds)
         yield sound.samplerate, sound.channels
         while True:

@@ -107,6 +107,8 @@ class ServeConfig:
     max_text_chars: int = _setting("HANDOFF_MAX_TEXT_CHARS", 100_000, _env_int)
     """a text classifier's longest text, in characters (413 past it); within it, texts past the model's maximum
     length are truncated to it and the answer says so"""
+    max_audio_seconds: int = _setting("HANDOFF_MAX_AUDIO_SECONDS", 600, _env_int)
+    """an audio file's longest duration, in seconds, declared by its header or decoded (413 past it)"""
     max_batch_tokens: int = _setting("HANDOFF_MAX_BATCH_TOKENS", 16_384, _env_int)
     """a text classifier's batch: at most this many tokens, each text padded to the longest in it"""
     max_generations: int = _setting("HANDOFF_MAX_GENERATIONS", 8, _env_int)
@@ -129,6 +131,7 @@ class ServeConfig:
             ("HANDOFF_MAX_HEADER_KB", self.max_header_kb, 8),
             ("HANDOFF_WRITE_TIMEOUT_S", self.write_timeout_s, 1),
             ("HANDOFF_MAX_TEXT_CHARS", self.max_text_chars, 1),
+            ("HANDOFF_MAX_AUDIO_SECONDS", self.max_audio_seconds, 1),
             ("HANDOFF_MAX_GENERATIONS", self.max_generations, 1),
             ("HANDOFF_MAX_BATCH_TOKENS", self.max_batch_tokens, 1),
             ("HANDOFF_CPU_THREADS", self.model_threads(), 1),

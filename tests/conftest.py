@@ -332,6 +332,15 @@ def hf_image_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pa
 
 
 @pytest.fixture(scope="session")
+def audio_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A tiny wav2vec2 and a tiny AST audio classifier trained by Hugging Face's Trainer under torchrun (tests/
+    fixtures/hf_audio_trainer.py), each checkpoint-30 exported with no flags (MODEL/checkpoint-30.export)."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    exports = [["{run}/wav2vec2/checkpoint-30"], ["{run}/ast/checkpoint-30"]]
+    return _trained_and_exported(shared, "audio_run", "hf_audio_trainer.py", exports)
+
+
+@pytest.fixture(scope="session")
 def token_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny DistilBERT entity tagger trained by Hugging Face's Trainer under torchrun (tests/fixtures/
     hf_token_trainer.py), its checkpoint-40 exported with no flags (checkpoint-40.export)."""

@@ -20,6 +20,8 @@ from serve.protocols.oip_codec import (
 )
 
 IMAGE_INPUT = "image"  # an image task's encoded image files, decoded as its own route decodes them
+AUDIO_INPUT = "audio"  # an audio task's encoded audio files, decoded as its own route decodes them
+WAVEFORM_INPUT = "waveform"  # an audio task's samples at the model's rate, one clip a row
 TEXT_INPUT = "text"  # a text task's UTF-8 texts, tokenized as its own route tokenizes them
 TEXT_PAIR_INPUT = "text_pair"  # a pair model's second texts, one per row of `text`
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from contract.manifest import Manifest, ManifestError
 from contract.signature import read_task
+from serve.tasks.audio_classification import AudioClassification
 from serve.tasks.base import ServedTask, Serving
 from serve.tasks.image_classification import ImageClassification
 from serve.tasks.object_detection import ObjectDetection
@@ -30,6 +31,7 @@ TASKS: dict[str, type[ServedTask]] = {
         TokenClassification,
         ObjectDetection,
         SemanticSegmentation,
+        AudioClassification,
         Tensors,
     )
 }

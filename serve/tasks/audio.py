@@ -1,0 +1,50 @@
+"""What the tasks that take audio share: the audio media types, a route that takes an audio file (a multipart form's
+`file`, as OpenAI's audio API names it, or the file itself as the body), and the protocol's `audio` input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contract.audio import AUDIO_TYPES, FORMATS
+from contract.errors import ClientError
+from serve.http.endpoint import Endpoint, Handler
+from serve.http.front_door import MULTIPART, BodyRoute
+from serve.model.tensor_inputs import check_rows
+from serve.protocols.oip_codec import InferRequest
+from serve.protocols.tensors import AUDIO_INPUT
+from serve.tasks.base import model_route
+from serve.tasks.images import BINARY
+
+FIELD_SCHEMAS: dict[str, dict[str, Any]] = {"file": BINARY, "integer": {"type": "integer"}, "text": {"type": "string"}}
+
+
+def audio_route(
+    path: str,
+    summary: str,
+    handler: Handler,
+    answer: tuple[str, dict[str, Any]],
+    form_fields: dict[str, str],
+    schemas: dict[str, dict[str, Any]] | None = None,
+    query: tuple[dict[str, Any], ...] = (),
+) -> Endpoint:
+    """A model's POST route that takes one audio file: a multipart form (its file field `file`, and `form_fields`'
+    others, `schemas` naming any field's own schema) or the file itself as the body."""
+    own = schemas or {}
+    form = {
+        "type": "object",
+        "properties": {name: own.get(name, FIELD_SCHEMAS[kind]) for name, kind in form_fields.items()},
+        "required": [name for name, kind in form_fields.items() if kind == "file"],
+    }
+    takes = f"{path} takes an audio file: a multipart/form-data form (field file) or the file itself ({FORMATS})"
+    body = BodyRoute(frozenset({MULTIPART, *AUDIO_TYPES}), form_fields, takes=takes)
+    request = {MULTIPART: {"schema": form}, **{t: {"schema": BINARY} for t in AUDIO_TYPES}}
+    return model_route(path, summary, handler, body, request, answer, query)
+
+
+def audio_files(request: InferRequest, max_rows: int) -> list[bytes]:
+    """The request's `audio`: BYTES [N] or [N, 1] of encoded files, at most `max_rows`."""
+    files = request.inputs[AUDIO_INPUT]
+    if len(files.shape) not in (1, 2) or files.shape[1:] not in ((), (1,)) or files.datatype != "BYTES":
+        raise ClientError(f"input 'audio' must be BYTES of shape [N] or [N, 1], got {list(files.shape)}")
+    check_rows(len(files.value), max_rows)
+    return list(files.value)
