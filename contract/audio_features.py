@@ -58,6 +58,7 @@ class AudioFeatures:
 
     def tables(self) -> bytes:
         """The window and mel filters as the file FEATURE_TABLES holds them."""
+        assert self.window is not None and self.mel_filters is not None, "a spectrogram's tables"
         buffer = io.BytesIO()
         np.savez(buffer, window=self.window, mel_filters=self.mel_filters)
         return buffer.getvalue()

@@ -119,6 +119,7 @@ class Manifest(TypedDict, total=False):
     reference: ReferenceSection
     read: list[str]
     tokenizer: dict[str, Any]
+    audio: dict[str, Any]  # an audio model's features (contract/audio_features.py's AudioFeatures)
     embedding: dict[str, Any]
     rerank_scores: str
     generation: dict[str, Any]

@@ -220,7 +220,8 @@ def audio_pipeline_reference(
     """transformers' audio-classification pipeline on the folder (or on `model` as loaded, with its extractor) against
     the export as the service runs it: each clip's features computed as the service computes them
     (contract/audio_features.py), the ONNX model, the manifest's `scores`, label by label."""
-    call = f"pipeline('audio-classification', model={_model_named(hf)})({{'raw': clip, 'sampling_rate': rate}}, top_k=None)"
+    given = "{'raw': clip, 'sampling_rate': rate}"
+    call = f"pipeline('audio-classification', model={_model_named(hf)})({given}, top_k=None)"
 
     def checks(clips: list[np.ndarray], out: Path) -> list[Check]:
         pipe = _pipeline("audio-classification", hf, model, feature_extractor=extractor)

@@ -4,6 +4,7 @@ and the benchmarks' clips in every container the service decodes."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ def encoded(samples: np.ndarray, rate: int, container: str) -> bytes:
     layout = "mono" if frames.shape[1] == 1 else "stereo"
     buffer = io.BytesIO()
     with av.open(buffer, "w", format=muxer) as media:
-        stream = media.add_stream(codec, rate=OPUS_RATE if codec == "libopus" else rate, layout=layout)
+        stream: Any = media.add_stream(codec, rate=OPUS_RATE if codec == "libopus" else rate, layout=layout)
         frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(frames.T, np.float32), format="fltp", layout=layout)
         frame.sample_rate = rate
         for packet in stream.encode(frame):

@@ -21,10 +21,25 @@ import torch.nn as nn
 
 from contract.audio_features import FEATURE_TABLES
 from contract.signature import TASK_AUDIO_CLASSIFICATION
-from export.audio import PREPROCESSOR_CONFIG, extractor_folder, features_check, features_of, load_extractor, parity_clips
+from export.audio import (
+    PREPROCESSOR_CONFIG,
+    extractor_folder,
+    features_check,
+    features_of,
+    load_extractor,
+    parity_clips,
+)
 from export.hf_text import config_labels, hf_manifest, load_hf_text
 from export.job import Job, log_loading
-from export.pipeline import Check, ExportRequest, ExportTask, OwnChecks, library_checks, tolerance_of, write_tensor_export
+from export.pipeline import (
+    Check,
+    ExportRequest,
+    ExportTask,
+    OwnChecks,
+    library_checks,
+    tolerance_of,
+    write_tensor_export,
+)
 from export.readers.hf_checkpoint import CONFIG, HfCheckpoint
 from export.reference import audio_pipeline_reference
 from export.tensor_model import Example, describe
@@ -99,7 +114,9 @@ def audio_job(request: ExportRequest) -> Job:
 
     def write(out: Path) -> int:
         own = OwnChecks("audio", audio_checks)
-        return write_tensor_export(wrapped, example, dynamic, options.write.formats, request.device, tol, manifest, out, own)
+        return write_tensor_export(
+            wrapped, example, dynamic, options.write.formats, request.device, tol, manifest, out, own
+        )
 
     kind = "waveform" if not features.row_shape else f"{' x '.join(map(str, features.row_shape))} filter banks"
     described = (
