@@ -120,6 +120,8 @@ class Manifest(TypedDict, total=False):
     read: list[str]
     tokenizer: dict[str, Any]
     audio: dict[str, Any]  # an audio model's features (contract/audio_features.py's AudioFeatures)
+    image_text: dict[str, Any]  # an image-text model's zero-shot settings (contract/image_text.py)
+    towers: dict[str, str]  # an image-text model's towers: each an export of its own, in this folder
     embedding: dict[str, Any]
     rerank_scores: str
     generation: dict[str, Any]

@@ -48,6 +48,7 @@ class TokenizerSettings:
     inputs: tuple[str, ...]  # the model's token inputs, in order: input_ids, attention_mask[, token_type_ids]
     pairs: bool = False  # the model reads pairs of texts (`text`, `text_pair`), never one alone
     takes_pairs: bool = False  # besides single texts, pairs, as transformers' pipeline takes them
+    pad_to_max_length: bool = False  # every row padded to max_length, not to the longest (SigLIP's text tower)
 
     @classmethod
     def from_manifest(cls, entry: dict[str, Any]) -> TokenizerSettings:
@@ -60,6 +61,7 @@ class TokenizerSettings:
             tuple(entry["inputs"]),
             bool(entry.get("pairs", False)),
             bool(entry.get("takes_pairs", False)),
+            entry.get("padding", "longest") == "max_length",
         )
 
     def to_manifest(self) -> dict[str, Any]:
@@ -73,6 +75,7 @@ class TokenizerSettings:
             "inputs": list(self.inputs),
             "pairs": self.pairs,
             "takes_pairs": self.takes_pairs,
+            "padding": "max_length" if self.pad_to_max_length else "longest",
         }
 
     @property
@@ -173,8 +176,9 @@ def _encode(tokenizer: Any, text: str, add_special_tokens: bool = True) -> Any:
 
 
 def pad_to_longest(parts: list[dict[str, np.ndarray]], settings: TokenizerSettings) -> dict[str, np.ndarray]:
-    """Token inputs of different lengths as one batch: each padded to the longest, on the tokenizer's side."""
-    longest = max(p[MASK].shape[1] for p in parts)
+    """Token inputs of different lengths as one batch: each padded to the longest (or to the maximum length, where
+    the settings say so), on the tokenizer's side."""
+    longest = settings.max_length if settings.pad_to_max_length else max(p[MASK].shape[1] for p in parts)
     joined = {}
     for name in settings.inputs:
         fill = settings.pad_id if name == "input_ids" else 0

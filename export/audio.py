@@ -18,22 +18,10 @@ from contract.audio_features import AudioFeatures, Spectrogram
 from export.parity import Tolerance
 from export.pipeline import Check
 
-PREPROCESSOR_CONFIG = "preprocessor_config.json"
+FEATURE_EXTRACTOR = "feature extractor, which says how audio becomes the model's input"
 # transformers' numpy spectrogram for ASTFeatureExtractor (its fallback without torchaudio; the one handoff proves)
 AST_FRAME_LENGTH, AST_HOP_LENGTH, AST_FFT_LENGTH, AST_PREEMPHASIS = 400, 160, 512, 0.97
 AST_MEL_FLOOR = 1.192092955078125e-07
-
-
-def extractor_folder(*candidates: Path) -> Path:
-    """The first folder holding the feature extractor's config; ValueError naming where it looked."""
-    for folder in candidates:
-        if (folder / PREPROCESSOR_CONFIG).is_file():
-            return folder
-    where = " or ".join(str(folder) for folder in dict.fromkeys(candidates))
-    raise ValueError(
-        f"no {PREPROCESSOR_CONFIG} in {where}: the feature extractor says how audio becomes the model's input; save "
-        "it with the model (Trainer(processing_class=feature_extractor) or feature_extractor.save_pretrained)"
-    )
 
 
 def load_extractor(folder: Path, trust_remote_code: bool) -> Any:

@@ -169,7 +169,8 @@ def training_tokenizer(request: ExportRequest, hf: HfCheckpoint, loaded: LoadedT
             f"{hf.config_dir}: no tokenizer beside the {what} (tokenizer.json or tokenizer_config.json); it is "
             "served on texts: --tokenizer DIR names its tokenizer"
         )
-    return load_tokenizer(folder, request.options.read.trust_remote_code, int(loaded.model.config.vocab_size))
+    text_config = getattr(loaded.model.config, "text_config", loaded.model.config)  # an image-text model's text tower
+    return load_tokenizer(folder, request.options.read.trust_remote_code, int(text_config.vocab_size))
 
 
 def config_labels(hf: HfCheckpoint, config: Any) -> list[str]:
@@ -228,11 +229,21 @@ def _check_vocabulary(tokenizer: Any, folder: Path, vocab_size: int) -> None:
         )
 
 
+SIGLIP_TEXT_LENGTH = 64  # transformers' zero-shot image pipeline pads a SigLIP's texts to 64 tokens, and truncates
+
+
 def tokenizer_settings(
     tokenizer: Any, config: Any, pairs: bool = False, takes_pairs: bool = False
 ) -> TokenizerSettings:
-    limits = [n for n in (tokenizer.model_max_length, getattr(config, "max_position_embeddings", None)) if n]
+    """The served tokenizer's settings; a SigLIP's texts padded to the length its pipeline pads them to (its text
+    tower reads the last position, so the padding is part of the answer)."""
+    text_config = getattr(config, "text_config", config)  # an image-text model's text tower
+    positions = getattr(text_config, "max_position_embeddings", None)
+    limits = [n for n in (tokenizer.model_max_length, positions) if n]
     max_length = min(n for n in limits if n < 10**6) if any(n < 10**6 for n in limits) else 512
+    siglip = "siglip" in str(getattr(config, "model_type", ""))
+    if siglip:
+        max_length = SIGLIP_TEXT_LENGTH
     inputs = tuple(n for n in ("input_ids", MASK, "token_type_ids") if n in tokenizer.model_input_names)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return TokenizerSettings(
@@ -244,6 +255,7 @@ def tokenizer_settings(
         inputs,
         pairs,
         takes_pairs,
+        siglip,
     )
 
 

@@ -25,7 +25,6 @@ from PIL import Image
 from contract.pil_transform import Preprocessor
 from contract.preprocessing import Preprocessing
 
-PROCESSOR_CONFIG = "preprocessor_config.json"
 RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's numbering, as processors save it
 # ConvNeXT's processor resizes below this size to shortest_edge / crop_pct and crops; at or above, to the square
 CONVNEXT_CROP_BELOW = 384
@@ -57,18 +56,6 @@ class ProcessorCheck:
             f"logits by {self.max_logit_difference_torchvision:.1e}, top-1 agreement "
             f"{self.top1_agreement_torchvision:.0%}"
         )
-
-
-def processor_folder(*candidates: Path) -> Path:
-    """The first folder holding a processor config; ValueError naming where it looked."""
-    for folder in candidates:
-        if (folder / PROCESSOR_CONFIG).is_file():
-            return folder
-    where = " or ".join(str(folder) for folder in dict.fromkeys(candidates))
-    raise ValueError(
-        f"no {PROCESSOR_CONFIG} in {where}: the image processor says how images were resized and normalised; "
-        "save it with the model (Trainer(processing_class=processor) or processor.save_pretrained)"
-    )
 
 
 def load_processor(folder: Path, backend: str, trust_remote_code: bool) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +19,12 @@ import torch
 from PIL import Image
 
 from contract.audio_features import AudioFeatures
+from contract.image_text import ImageTextSettings
 from contract.manifest import ReferenceSection
 from contract.pil_transform import Preprocessor
 from contract.scores import SCORE_FUNCTIONS
-from contract.tokenizer_spec import TextTokenizer
-from export.hf_text import encode_samples, parity_samples
+from contract.tokenizer_spec import TextTokenizer, TokenizerSettings
+from export.hf_text import SENTENCES, SIGLIP_TEXT_LENGTH, encode_samples, parity_samples
 from export.parity import Tolerance, onnx_sessions
 from export.pipeline import Check
 from export.readers.hf_checkpoint import HfCheckpoint
@@ -236,3 +238,91 @@ def audio_pipeline_reference(
         return [("transformers pipeline", reason)]
 
     return Reference("transformers", call, checks)
+
+
+ZERO_SHOT_LABELS = ("a cat", "a dog", "the digit seven", "a street at night", "a bowl of flowers")
+ZERO_SHOT_PHOTOS = 4  # the zero-shot pipeline runs on this many of the parity photos, each against every label
+
+
+def image_text_reference(
+    hf: HfCheckpoint,
+    model: Any,
+    processor_folder: Path,
+    preprocess: dict[str, Any],
+    settings: ImageTextSettings,
+    tol: Tolerance,
+) -> Reference:
+    """The library's own calls on the folder (or on `model` as loaded) against the two towers as the service runs
+    them: `get_image_features` on the processor's pixels (its PIL backend, whose pixels the service's equal) against
+    the image tower on the service's; `get_text_features` on the tokenizer's ids, padded as the zero-shot pipeline
+    pads them, against the served tokenizer and text tower; and `pipeline("zero-shot-image-classification")`'s
+    scores, its hypothesis template and label order, against contract/image_text.py's on the served embeddings."""
+    call = (
+        "AutoModel.from_pretrained(folder).get_image_features / get_text_features, and pipeline('zero-shot-image-"
+        "classification', model=folder, image_processor=AutoImageProcessor.from_pretrained(folder, backend='pil'))"
+        "(image, candidate_labels=labels)"
+    )
+
+    def checks(photos: list[Image.Image], out: Path) -> list[Check]:
+        import transformers
+
+        image_processor = transformers.AutoImageProcessor.from_pretrained(
+            processor_folder, backend="pil", local_files_only=True
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(out / "text", local_files_only=True)
+        library = (
+            transformers.AutoModel.from_pretrained(hf.config_dir, local_files_only=True).eval()
+            if folder_is_the_model(hf)
+            else model
+        )
+        text_manifest = json.loads((out / "text" / "manifest.json").read_text())
+        served_tokenizer = TextTokenizer(
+            (out / "text" / "tokenizer.json").read_bytes(), TokenizerSettings.from_manifest(text_manifest["tokenizer"])
+        )
+        texts = [*SENTENCES, *(settings.hypothesis_template.format(label) for label in ZERO_SHOT_LABELS)]
+        served_pixels = Preprocessor.from_manifest(preprocess, max_pixels=1 << 40)
+        ours_images = ServedModel(out / "image")(
+            {"pixel_values": np.stack([served_pixels(p) for p in photos]).astype(np.float32)}
+        )
+        ours_texts = ServedModel(out / "text")(served_tokenizer.encode(texts).rows)
+        padding: dict[str, Any] = (
+            {"padding": "max_length", "max_length": SIGLIP_TEXT_LENGTH, "truncation": True}
+            if settings.scores == "sigmoid"
+            else {"padding": True, "truncation": True}
+        )
+        with torch.inference_mode():
+            pixels = image_processor([p.convert("RGB") for p in photos], return_tensors="pt")["pixel_values"]
+            theirs_images = _features(library.get_image_features(pixel_values=pixels))
+            theirs_texts = _features(library.get_text_features(**tokenizer(texts, return_tensors="pt", **padding)))
+        found: list[Check] = []
+        for name, ours, theirs in (("image", ours_images, theirs_images), ("text", ours_texts, theirs_texts)):
+            gap = float(np.abs(ours - theirs).max())
+            failed = gap > tol.atol + tol.rtol * float(np.abs(theirs).max())
+            found.append((f"get_{name}_features", f"the served embeddings differ by {gap:.2e}" if failed else None))
+        pipe = transformers.pipeline(
+            "zero-shot-image-classification",
+            model=str(hf.config_dir) if folder_is_the_model(hf) else library,
+            tokenizer=tokenizer,
+            image_processor=image_processor,
+            device="cpu",
+        )
+        hypotheses = ours_texts[len(SENTENCES) :]
+        worst = 0.0
+        for index, photo in enumerate(photos[:ZERO_SHOT_PHOTOS]):
+            theirs_scores = {
+                a["label"]: a["score"] for a in pipe(photo.convert("RGB"), candidate_labels=list(ZERO_SHOT_LABELS))
+            }
+            ours_scores = settings.zero_shot(ours_images[index : index + 1], hypotheses)[0]
+            worst = max(
+                worst, *(abs(theirs_scores[label] - float(s)) for label, s in zip(ZERO_SHOT_LABELS, ours_scores))
+            )
+        failed = worst > tol.atol + tol.rtol
+        found.append(("zero-shot pipeline", f"the served scores differ by {worst:.2e}" if failed else None))
+        return found
+
+    return Reference("transformers", call, checks)
+
+
+def _features(answer: Any) -> np.ndarray:
+    """A `get_*_features` answer as an array (transformers 5 returns the projection as the pooler output)."""
+    return (answer if isinstance(answer, torch.Tensor) else answer.pooler_output).numpy()

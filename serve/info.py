@@ -83,7 +83,12 @@ def service_info(
         },
         "cpu": {"workers": config.workers, **lanes.describe()},
         "routes": [
-            {"method": e.method, "path": e.path, "accepts": sorted(e.body.media_types) if e.body else []}
+            {
+                "method": e.method,
+                "path": e.path,
+                "accepts": sorted(e.body.media_types) if e.body else [],
+                "fields": sorted(e.body.form_fields) if e.body else [],  # a form's: the page asks for what it takes
+            }
             for e in routes
         ],
         "protocol": protocol,

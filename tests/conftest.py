@@ -341,6 +341,17 @@ def audio_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def image_text_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A tiny CLIP fine-tuned by Trainer and a tiny SigLIP by a plain DDP loop, under torchrun (tests/fixtures/
+    hf_image_text_trainer.py): clip/checkpoint-30 exported with no flags, siglip/ddp_state.pt with --hf-config."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    siglip = ["{run}/siglip/ddp_state.pt", "--hf-config", "{run}/siglip/base", "--out", "{run}/siglip/ddp_state.export"]
+    return _trained_and_exported(
+        shared, "image_text_run", "hf_image_text_trainer.py", [["{run}/clip/checkpoint-30"], siglip]
+    )
+
+
+@pytest.fixture(scope="session")
 def token_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny DistilBERT entity tagger trained by Hugging Face's Trainer under torchrun (tests/fixtures/
     hf_token_trainer.py), its checkpoint-40 exported with no flags (checkpoint-40.export)."""

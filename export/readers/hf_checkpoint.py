@@ -161,6 +161,24 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
     return config
 
 
+PROCESSOR_CONFIGS = ("preprocessor_config.json", "processor_config.json")  # transformers 5 may write the second alone
+
+
+def processor_folder(hf: HfCheckpoint, what: str) -> Path:
+    """The folder of the checkpoint's processor (an image processor, a feature extractor): the config's, else the
+    weights' (`what` it is, in words, for the error); ValueError naming where it looked."""
+    weights_folder = hf.weights if hf.weights.is_dir() else hf.weights.parent
+    candidates = dict.fromkeys((hf.config_dir, weights_folder))
+    for folder in candidates:
+        if any((folder / name).is_file() for name in PROCESSOR_CONFIGS):
+            return folder
+    where = " or ".join(str(folder) for folder in candidates)
+    raise ValueError(
+        f"no {' or '.join(PROCESSOR_CONFIGS)} in {where}: the {what}; save it with the model "
+        "(Trainer(processing_class=processor) or processor.save_pretrained)"
+    )
+
+
 def tokenizer_folder(hf: HfCheckpoint, tokenizer: Path | None) -> Path | None:
     """Where the tokenizer is: --tokenizer, else beside the config (Trainer saves it there), else beside the weights."""
     if tokenizer is not None:

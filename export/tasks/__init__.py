@@ -19,6 +19,7 @@ from export.tasks import (
     audio_classification,
     hf_image_classification,
     image_classification,
+    image_text,
     object_detection,
     semantic_segmentation,
     tensors,
@@ -41,6 +42,7 @@ TASKS: tuple[ExportTask, ...] = (
     text_embedding.TASK,
     text_generation.TASK,
     audio_classification.TASK,
+    image_text.TASK,
 )
 
 # A Hugging Face config's architecture, by the suffix of its name (the longest that matches), to the task that
@@ -77,6 +79,8 @@ def hf_task(hf: HfCheckpoint) -> ExportTask:
         return text_embedding.TASK
     if audio_classification.is_audio_classifier(hf):
         return audio_classification.TASK
+    if image_text.is_image_text(hf):  # CLIPModel, SiglipModel: a bare `*Model`, as an encoder's name is
+        return image_text.TASK
     where = f"{hf.config_dir / CONFIG}: {hf.architecture or 'no architecture'}"
     suffixes = [suffix for suffix in HF_HEADS if hf.architecture.endswith(suffix)]
     if not suffixes:

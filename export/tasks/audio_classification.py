@@ -22,8 +22,7 @@ import torch.nn as nn
 from contract.audio_features import FEATURE_TABLES
 from contract.signature import TASK_AUDIO_CLASSIFICATION
 from export.audio import (
-    PREPROCESSOR_CONFIG,
-    extractor_folder,
+    FEATURE_EXTRACTOR,
     features_check,
     features_of,
     load_extractor,
@@ -40,7 +39,7 @@ from export.pipeline import (
     tolerance_of,
     write_tensor_export,
 )
-from export.readers.hf_checkpoint import CONFIG, HfCheckpoint
+from export.readers.hf_checkpoint import CONFIG, PROCESSOR_CONFIGS, HfCheckpoint, processor_folder
 from export.reference import audio_pipeline_reference
 from export.tensor_model import Example, describe
 
@@ -75,13 +74,12 @@ def audio_scores(config: object) -> str:
 def audio_job(request: ExportRequest) -> Job:
     options, hf = request.options, request.hf
     assert hf is not None  # export/tasks/__init__.py chose this task for it
-    weights_folder = hf.weights if hf.weights.is_dir() else hf.weights.parent
-    folder = extractor_folder(hf.config_dir, weights_folder)
+    folder = processor_folder(hf, FEATURE_EXTRACTOR)
     extractor = load_extractor(folder, options.read.trust_remote_code)
     try:
         features = features_of(extractor)
     except ValueError as err:
-        raise ValueError(f"{folder / PREPROCESSOR_CONFIG}: {err}") from None
+        raise ValueError(f"{folder}: {err}") from None
     loaded = load_hf_text(request, hf, AUTO_CLASS)
     labels, scores = config_labels(hf, loaded.model.config), audio_scores(loaded.model.config)
     if scores == "none":
@@ -103,8 +101,9 @@ def audio_job(request: ExportRequest) -> Job:
     tol = tolerance_of(options)
 
     def audio_checks(out: Path) -> tuple[list[str], list[Check]]:
-        shutil.copyfile(folder / PREPROCESSOR_CONFIG, out / PREPROCESSOR_CONFIG)
-        files = [PREPROCESSOR_CONFIG]
+        files = [name for name in PROCESSOR_CONFIGS if (folder / name).is_file()]
+        for name in files:
+            shutil.copyfile(folder / name, out / name)
         if features.row_shape:
             (out / FEATURE_TABLES).write_bytes(features.tables())
             files.append(FEATURE_TABLES)

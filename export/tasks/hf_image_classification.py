@@ -21,16 +21,18 @@ from contract.signature import TASK_IMAGE_CLASSIFICATION
 from export.architecture import ModelSpec
 from export.exporters import check_eval_mode
 from export.hf_text import config_labels, load_hf_text, pipeline_scores
-from export.image_processor import check_processor, load_processor, preprocessing_of, processor_folder, report
+from export.image_processor import check_processor, load_processor, preprocessing_of, report
 from export.inputs import REAL_IMAGES, real_images
 from export.job import Job, log_loading, origin_fields
 from export.pipeline import ExportRequest, ExportTask, tolerance_of
+from export.readers.hf_checkpoint import processor_folder
 from export.reference import IMAGE_PIPELINE_CALL, Reference, image_pipeline_matches
 from export.steps import timed
 from export.tasks.image_classification import CheckOptions, write_and_check
 
 log = logging.getLogger("export")
 AUTO_CLASS = "AutoModelForImageClassification"
+IMAGE_PROCESSOR = "image processor, which says how images were resized and normalised"
 
 
 class PixelLogits(nn.Module):
@@ -47,8 +49,7 @@ class PixelLogits(nn.Module):
 def hf_image_job(request: ExportRequest) -> Job:
     options, hf = request.options, request.hf
     assert hf is not None  # export/tasks/__init__.py chose this task for it
-    weights_folder = hf.weights if hf.weights.is_dir() else hf.weights.parent
-    folder = processor_folder(hf.config_dir, weights_folder)
+    folder = processor_folder(hf, IMAGE_PROCESSOR)
     processor = load_processor(folder, "pil", options.read.trust_remote_code)
     try:
         pre = preprocessing_of(processor)

@@ -11,6 +11,7 @@ from contract.signature import read_task
 from serve.tasks.audio_classification import AudioClassification
 from serve.tasks.base import ServedTask, Serving
 from serve.tasks.image_classification import ImageClassification
+from serve.tasks.image_text import ImageText
 from serve.tasks.object_detection import ObjectDetection
 from serve.tasks.semantic_segmentation import SemanticSegmentation
 from serve.tasks.tensors import Tensors
@@ -32,6 +33,7 @@ TASKS: dict[str, type[ServedTask]] = {
         ObjectDetection,
         SemanticSegmentation,
         AudioClassification,
+        ImageText,
         Tensors,
     )
 }

@@ -13,9 +13,7 @@ from serve.model.tensor_inputs import check_rows
 from serve.protocols.oip_codec import InferRequest
 from serve.protocols.tensors import AUDIO_INPUT
 from serve.tasks.base import model_route
-from serve.tasks.images import BINARY
-
-FIELD_SCHEMAS: dict[str, dict[str, Any]] = {"file": BINARY, "integer": {"type": "integer"}, "text": {"type": "string"}}
+from serve.tasks.images import BINARY, form_schema
 
 
 def audio_route(
@@ -24,17 +22,11 @@ def audio_route(
     handler: Handler,
     answer: tuple[str, dict[str, Any]],
     form_fields: dict[str, str],
-    schemas: dict[str, dict[str, Any]] | None = None,
     query: tuple[dict[str, Any], ...] = (),
 ) -> Endpoint:
     """A model's POST route that takes one audio file: a multipart form (its file field `file`, and `form_fields`'
-    others, `schemas` naming any field's own schema) or the file itself as the body."""
-    own = schemas or {}
-    form = {
-        "type": "object",
-        "properties": {name: own.get(name, FIELD_SCHEMAS[kind]) for name, kind in form_fields.items()},
-        "required": [name for name, kind in form_fields.items() if kind == "file"],
-    }
+    others) or the file itself as the body."""
+    form = form_schema(form_fields)
     takes = f"{path} takes an audio file: a multipart/form-data form (field file) or the file itself ({FORMATS})"
     body = BodyRoute(frozenset({MULTIPART, *AUDIO_TYPES}), form_fields, takes=takes)
     request = {MULTIPART: {"schema": form}, **{t: {"schema": BINARY} for t in AUDIO_TYPES}}

@@ -64,7 +64,6 @@ class AudioClassification(ProtocolTask):
             self.classify,
             ("application/json", ANSWER),
             CLASSIFY_FIELDS,
-            schemas={"top_k": TOP_K},
             query=({"name": "top_k", "in": "query", "required": False, "schema": TOP_K},),
         )
         return [classify, self.predict_route()]

@@ -1,0 +1,216 @@
+"""A Hugging Face image-text model (CLIP, SigLIP: the architecture transformers' zero-shot image classification
+pipeline loads for the config's model type), fine-tuned contrastively with Trainer or a plain DDP loop, exported as
+its two towers with its processor: images in, `image_embeds` out (`get_image_features`); texts in, `text_embeds` out
+(`get_text_features`); and zero-shot classification from the two (contract/image_text.py).
+
+The export folder holds each tower as an export of its own, written and proved as any model is (image/: the
+processor's preprocessing as the manifest's `preprocess`, checked against transformers' processor; text/: the
+tokenizer, its ids and padding checked as every text model's), and an outer manifest that hashes both manifests,
+records the model's `logit_scale` and `logit_bias`, and the library's checks: each tower's embeddings against the
+library's own `get_image_features` / `get_text_features` on the processor's inputs, and the zero-shot scores against
+`pipeline("zero-shot-image-classification")` on the folder, its hypothesis template included.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from contract.image_text import TOWERS, ImageTextSettings
+from contract.manifest import Manifest, new_tensor_manifest
+from contract.pil_transform import Preprocessor
+from contract.signature import TASK_IMAGE_TEXT, Signature
+from contract.tokenizer_spec import TOKENIZER_JSON
+from export.hf_text import LoadedText, hf_manifest, load_hf_text, tokenized_job, training_tokenizer
+from export.image_processor import check_processor, load_processor, preprocessing_of, report
+from export.inputs import REAL_IMAGES, real_images
+from export.job import Job, log_loading, origin_fields
+from export.pipeline import (
+    Check,
+    ExportRequest,
+    ExportTask,
+    OwnChecks,
+    add_own_checks,
+    close_manifest,
+    library_checks,
+    tolerance_of,
+    write_tensor_export,
+)
+from export.readers.hf_checkpoint import CONFIG, PROCESSOR_CONFIGS, HfCheckpoint, processor_folder
+from export.reference import image_text_reference
+from export.steps import timed
+from export.tensor_model import Example, describe
+
+PROCESSOR = "processor (its image processor and tokenizer), which says how images and texts become the model's input"
+
+
+def is_image_text(hf: HfCheckpoint) -> bool:
+    """Whether transformers' zero-shot image classification pipeline loads this architecture for the config's model
+    type (CLIPModel, SiglipModel, ...: a bare `*Model`, as an encoder's name is)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
+    return (
+        MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES.get(str(hf.config.get("model_type"))) == hf.architecture
+    )
+
+
+def pooled(features: Any) -> torch.Tensor:
+    """A `get_*_features` answer: the projected embeddings (transformers 5 returns them as the pooler output)."""
+    return features if isinstance(features, torch.Tensor) else features.pooler_output
+
+
+class ImageFeatures(nn.Module):
+    """The image tower: normalised pixels in, the projected image embeddings out."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"image_embeds": pooled(self.model.get_image_features(pixel_values=pixel_values))}
+
+
+class TextFeatures(nn.Module):
+    """The text tower: token inputs by name in, the projected text embeddings out."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"text_embeds": pooled(self.model.get_text_features(**inputs))}
+
+
+class ImageEmbeds(nn.Module):
+    """The image tower giving a tensor, as the processor check calls a model."""
+
+    def __init__(self, tower: ImageFeatures) -> None:
+        super().__init__()
+        self.tower = tower
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.tower(pixel_values)["image_embeds"]
+
+
+def settings_of(model: Any) -> ImageTextSettings:
+    """The zero-shot settings of the model as loaded: its exponentiated logit scale, its bias (SigLIP), and how the
+    pipeline scores (a sigmoid for SigLIP, as the pipeline decides by the model type)."""
+    bias = float(model.logit_bias.detach().reshape(-1)[0]) if getattr(model, "logit_bias", None) is not None else 0.0
+    siglip = "siglip" in str(model.config.model_type)
+    return ImageTextSettings(float(model.logit_scale.detach().exp()), bias, "sigmoid" if siglip else "softmax")
+
+
+def image_text_job(request: ExportRequest) -> Job:
+    options, hf = request.options, request.hf
+    assert hf is not None  # export/tasks/__init__.py chose this task for it
+    folder = processor_folder(hf, PROCESSOR)
+    processor = load_processor(folder, "pil", options.read.trust_remote_code)
+    try:
+        preprocess = preprocessing_of(processor).to_manifest()
+    except ValueError as err:
+        raise ValueError(f"{folder}: {err}") from None
+    loaded = load_hf_text(request, hf, "AutoModel")
+    tokenizer = training_tokenizer(request, hf, loaded, "image-text model")
+    settings = settings_of(loaded.model)
+    tol = tolerance_of(options)
+    text = tokenized_job(
+        request, hf, loaded, tokenizer, TextFeatures(loaded.model), {}, "the text tower", reference=None
+    )
+    photos, _ = real_images(None, options.parity.samples, REAL_IMAGES)
+    image = _image_tower(request, hf, loaded, folder, preprocess, photos)
+    reference = image_text_reference(hf, loaded.model, folder, preprocess, settings, tol)
+    origin = origin_fields(hf.weights, loaded.src, loaded.unwrapped, loaded.provenance)
+    signature = Signature.from_dict(
+        {
+            "inputs": [*image.manifest["signature"]["inputs"], *text.manifest["signature"]["inputs"]],
+            "outputs": [*image.manifest["signature"]["outputs"], *text.manifest["signature"]["outputs"]],
+        }
+    )
+    dynamic = {**image.manifest["dynamic"], **text.manifest["dynamic"]}
+    manifest = new_tensor_manifest(hf.architecture, signature, dynamic, origin, request.timings)
+    manifest |= {"task": TASK_IMAGE_TEXT, "preprocess": preprocess, "tokenizer": text.manifest["tokenizer"]}
+    manifest["image_text"] = settings.to_manifest()
+    manifest["towers"] = {name: name for name in TOWERS}
+    width = int(image.manifest["signature"]["outputs"][0]["shape"][-1])
+    manifest["embedding"] = {"pooling": "the model's projection", "normalized": False, "dimensions": width}
+    manifest["reference"] = reference.to_manifest()
+    manifest["hf"] = {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG}
+
+    def write(out: Path) -> int:
+        statuses = {}
+        for name, tower in (("image", image), ("text", text)):
+            (out / name).mkdir()
+            statuses[name] = tower.write(out / name)
+        parity = _joined_parity({"image": image.manifest, "text": text.manifest})
+        files = [name for name in PROCESSOR_CONFIGS if (folder / name).is_file()]
+        for name in files:
+            shutil.copyfile(folder / name, out / name)
+        shutil.copyfile(out / "text" / TOKENIZER_JSON, out / TOKENIZER_JSON)  # the service's, as a text model's
+        files.append(TOKENIZER_JSON)
+        assert reference.checks is not None
+        checks: list[Check] = library_checks(lambda: reference.checks(photos, out))  # type: ignore[misc]
+        manifest["parity"] = parity
+        add_own_checks(manifest["parity"], "image_text", checks)
+        towers = [f"{name}/manifest.json" for name in TOWERS]
+        return close_manifest(manifest, out, [*towers, *files])
+
+    described = (
+        f"{hf.architecture} (image tower {'x'.join(map(str, image.manifest['signature']['inputs'][0]['shape'][1:]))}, "
+        f"text tower of {text.manifest['tokenizer']['max_length']} tokens; zero-shot by {settings.scores})"
+    )
+    return Job(manifest, write, described)
+
+
+def _image_tower(
+    request: ExportRequest,
+    hf: HfCheckpoint,
+    loaded: LoadedText,
+    folder: Path,
+    preprocess: dict[str, Any],
+    photos: list[Any],
+) -> Job:
+    """The image tower as an export of its own: real photos preprocessed as the service does them, the processor's
+    pixels checked against the service's."""
+    options = request.options
+    tower = ImageFeatures(loaded.model).eval()
+    served = Preprocessor.from_manifest(preprocess, max_pixels=1 << 40)
+    rows = np.stack([served(photo) for photo in photos]).astype(np.float32)
+    example = Example({"pixel_values": torch.from_numpy(rows)}, keywords=True)
+    dynamic: dict[str, tuple[int, ...]] = {"pixel_values": ()}
+    signature, wrapped = describe(tower, example, dynamic)
+    log_loading(loaded.src, loaded.unwrapped)
+    manifest = hf_manifest(hf, signature, dynamic, loaded.src, loaded.unwrapped, loaded.provenance, request.timings)
+    manifest["preprocess"] = preprocess
+
+    def processor_checks(out: Path) -> tuple[list[str], list[Check]]:
+        with timed(manifest["timings"], "preprocess_check"):
+            check = check_processor(folder, ImageEmbeds(tower), preprocess, photos, options.read.trust_remote_code)
+        manifest["preprocess_check"] = report(check)
+        return [], [("image processor", None if check.passed else check.line())]
+
+    def write(out: Path) -> int:
+        own = OwnChecks("image", processor_checks)
+        formats, tol = options.write.formats, tolerance_of(options)
+        return write_tensor_export(wrapped, example, dynamic, formats, request.device, tol, manifest, out, own)
+
+    return Job(manifest, write, "the image tower")
+
+
+def _joined_parity(towers: dict[str, Manifest]) -> dict[str, Any]:
+    """The outer manifest's parity: both towers' verdicts and tables, each line named by its tower."""
+    verdicts = [manifest["parity"]["pass"] for manifest in towers.values()]
+    passed = False if False in verdicts else None if None in verdicts else True
+    summary = [f"{name} tower: {line}" for name, manifest in towers.items() for line in manifest["parity"]["summary"]]
+    device = towers["image"]["parity"]["device"]
+    parities = {name: m["parity"] for name, m in towers.items()}
+    return {"pass": passed, "device": device, "summary": summary, "towers": parities}
+
+
+TASK = ExportTask(
+    TASK_IMAGE_TEXT, "Hugging Face image-text models (CLIP, SigLIP)", image_text_job, frozenset({"samples"})
+)
