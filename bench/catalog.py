@@ -57,6 +57,12 @@ BENCHMARKS = (
         ("ours_over_limit_c64", "ours_over_peer_batched_c64"),
     ),
     Benchmark(
+        "media_serving",
+        "served audio classification (--task audio) and CLIP image embeddings (--task image-text) against the limit",
+        ("--seconds", "8", "--rounds", "3"),
+        ("ours_over_limit_c16",),
+    ),
+    Benchmark(
         "detection_serving",
         "served detections (or segmentations) per second against the in-process limit",
         ("--seconds", "8", "--rounds", "3"),

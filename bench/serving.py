@@ -107,13 +107,13 @@ def over_peers(
     }
 
 
-def paired_over_limit(rounds: list[dict[str, Any]], sides: Sequence[str]) -> dict[str, str]:
-    """Each side at c=64 over the same round's limit, round by round, printed and returned as figures."""
+def paired_over_limit(rounds: list[dict[str, Any]], sides: Sequence[str], at: str = "64") -> dict[str, str]:
+    """Each side at c=`at` over the same round's limit, round by round, printed and returned as figures."""
     figures = {}
     for name in sides:
-        values = [r[name]["64"]["images_per_s"] / r["limit"]["images_per_s"] for r in rounds]
-        figures[f"{name} c=64 / the same round's limit, round by round"] = " ".join(f"{v:.2f}" for v in values)
-        print(f"  {name} c=64 / the same round's limit, round by round: {' '.join(f'{v:.2f}' for v in values)}")
+        values = [r[name][at]["images_per_s"] / r["limit"]["images_per_s"] for r in rounds]
+        figures[f"{name} c={at} / the same round's limit, round by round"] = " ".join(f"{v:.2f}" for v in values)
+        print(f"  {name} c={at} / the same round's limit, round by round: {' '.join(f'{v:.2f}' for v in values)}")
     return figures
 
 

@@ -3,13 +3,17 @@ transformers nor torch. The export reads the settings from the user's own extrac
 (`audio`) and any table they need (a mel filter bank, a window) in a file the manifest hashes, and proves these
 features equal to the extractor's on clips it never trained on (export/audio.py).
 
-Two kinds, as transformers' audio classifiers take them:
+Three kinds, as transformers' audio models take them:
 - `waveform` (wav2vec2, HuBERT, WavLM...: Wav2Vec2FeatureExtractor): the samples themselves, each clip scaled to zero
   mean and unit variance where the extractor normalizes (`do_normalize`);
 - `fbank` (the Audio Spectrogram Transformer: ASTFeatureExtractor without torchaudio): Kaldi-style log mel filter
   banks (25 ms frames every 10 ms, each frame's mean removed, pre-emphasis, a window, the power spectrum through the
   mel filters, floored and logged), padded with zeros or cut to the model's frames, then standardized by the
-  extractor's mean and twice its deviation.
+  extractor's mean and twice its deviation;
+- `log_mel` (Whisper: WhisperFeatureExtractor): the clip padded with zeros (or cut) to the extractor's window
+  (`chunk_length` seconds), a centred, reflect-padded short-time Fourier transform with a Hann window, its power
+  through the mel filters, floored at 1e-10 and in log10, the last frame dropped, clamped to 8 below its maximum and
+  scaled as (x + 4) / 4.
 """
 
 from __future__ import annotations
@@ -36,13 +40,14 @@ class Spectrogram:
     max_frames: int
     mean: float | None  # standardized as (x - mean) / (2 * std) where both are given
     std: float | None
+    window_samples: int | None = None  # log_mel: every clip padded or cut to this many samples first
 
 
 @dataclass(frozen=True)
 class AudioFeatures:
     """A feature extractor's settings: which kind, the sampling rate the model takes, and the kind's own."""
 
-    kind: str  # "waveform" | "fbank"
+    kind: str  # "waveform" | "fbank" | "log_mel"
     sampling_rate: int
     normalize: bool = False  # waveform: zero mean, unit variance per clip
     spectrogram: Spectrogram | None = None
@@ -69,8 +74,8 @@ class AudioFeatures:
         kind = fields["kind"]
         if kind == "waveform":
             return cls(kind, int(fields["sampling_rate"]), bool(fields.get("normalize", False)))
-        if kind != "fbank" or tables is None:
-            raise ValueError(f"audio features {kind!r}: this service computes waveform and fbank features")
+        if kind not in ("fbank", "log_mel") or tables is None:
+            raise ValueError(f"audio features {kind!r}: this service computes waveform, fbank and log_mel features")
         with np.load(io.BytesIO(tables), allow_pickle=False) as stored:
             window, filters = stored["window"], stored["mel_filters"]
         return cls(kind, int(fields["sampling_rate"]), False, Spectrogram(**fields["spectrogram"]), window, filters)
@@ -80,6 +85,8 @@ class AudioFeatures:
         """One clip's features without the batch: () where the length is the clip's own."""
         if self.spectrogram is None or self.mel_filters is None:
             return ()
+        if self.kind == "log_mel":  # mel bins x frames, as Whisper's encoder takes them
+            return (self.mel_filters.shape[1], self.spectrogram.max_frames)
         return (self.spectrogram.max_frames, self.mel_filters.shape[1])
 
     def __call__(self, waveform: np.ndarray) -> np.ndarray:
@@ -89,7 +96,22 @@ class AudioFeatures:
             if self.normalize:
                 samples = (samples - samples.mean()) / np.sqrt(samples.var() + 1e-7)
             return samples.astype(np.float32)
+        if self.kind == "log_mel":
+            return self._log_mel(waveform)
         return self._fbank(waveform)
+
+    def _log_mel(self, waveform: np.ndarray) -> np.ndarray:
+        spec, window, filters = self.spectrogram, self.window, self.mel_filters
+        assert spec is not None and window is not None and filters is not None and spec.window_samples is not None
+        samples = np.zeros(spec.window_samples, np.float64)
+        samples[: min(len(waveform), spec.window_samples)] = waveform[: spec.window_samples]
+        half = spec.frame_length // 2
+        padded = np.pad(samples, half, mode="reflect")
+        frames = np.lib.stride_tricks.sliding_window_view(padded, spec.frame_length)[:: spec.hop_length]
+        power = np.abs(np.fft.rfft(frames * window, n=spec.fft_length, axis=1)) ** 2
+        mel = np.log10(np.maximum(spec.mel_floor, power @ filters)).T[:, :-1]  # mel bins x frames
+        mel = np.maximum(mel, mel.max() - 8.0)
+        return ((mel + 4.0) / 4.0).astype(np.float32)
 
     def _fbank(self, waveform: np.ndarray) -> np.ndarray:
         spec, window, filters = self.spectrogram, self.window, self.mel_filters

@@ -17,7 +17,6 @@ import numpy as np
 
 from contract.scores import SCORE_FUNCTIONS
 
-TOWERS = ("image", "text")  # the export's folders, each an export of its own
 HYPOTHESIS_TEMPLATE = "This is a photo of {}."  # transformers' zero-shot image classification's default
 
 

@@ -21,6 +21,7 @@ TASK_TEXT_EMBEDDING = "text-embedding"  # a Hugging Face encoder with its poolin
 TASK_TEXT_GENERATION = "text-generation"  # a Hugging Face causal language model: prompts in, generated text out
 TASK_OBJECT_DETECTION = "object-detection"  # a torchvision detector: an image in, boxes, scores and labels out
 TASK_IMAGE_TEXT = "image-text"  # CLIP, SigLIP: image and text embeddings, zero-shot image classification
+TASK_SPEECH_RECOGNITION = "speech-recognition"  # a Hugging Face Whisper: an audio file in, its text out
 TASK_AUDIO_CLASSIFICATION = "audio-classification"  # a Hugging Face audio classifier: an audio file in, its classes out
 TASK_SEMANTIC_SEGMENTATION = "semantic-segmentation"  # a torchvision segmenter: an image in, a class per pixel out
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")

@@ -55,8 +55,28 @@ def features_of(extractor: Any) -> AudioFeatures:
         window = np.asarray(extractor.window, np.float64)
         filters = np.asarray(extractor.mel_filters, np.float64)
         return AudioFeatures("fbank", rate, False, spectrogram, window, filters)
+    if name == "WhisperFeatureExtractor":
+        from transformers.audio_utils import window_function
+
+        spectrogram = Spectrogram(
+            int(extractor.n_fft),
+            int(extractor.hop_length),
+            int(extractor.n_fft),
+            0.0,
+            remove_dc_offset=False,
+            mel_floor=1e-10,
+            max_frames=int(extractor.nb_max_frames),
+            mean=None,
+            std=None,
+            window_samples=int(extractor.n_samples),
+        )
+        if float(getattr(extractor, "dither", 0.0) or 0.0) != 0.0:
+            raise ValueError(f"{name} with dither {extractor.dither}: its features are random; handoff's are not")
+        window = np.asarray(window_function(int(extractor.n_fft), "hann"), np.float64)
+        return AudioFeatures("log_mel", rate, False, spectrogram, window, np.asarray(extractor.mel_filters, np.float64))
     raise ValueError(
-        f"feature extractor {name}: handoff computes Wav2Vec2FeatureExtractor's and ASTFeatureExtractor's features"
+        f"feature extractor {name}: handoff computes Wav2Vec2FeatureExtractor's, ASTFeatureExtractor's and "
+        "WhisperFeatureExtractor's features"
     )
 
 
@@ -85,7 +105,8 @@ def features_check(extractor: Any, features: AudioFeatures, clips: list[np.ndarr
     """The service's features of each clip against the extractor's own (its numpy path, as the library runs it)."""
     worst = 0.0
     for clip in clips:
-        theirs = extractor(clip, sampling_rate=features.sampling_rate, return_tensors="np")["input_values"][0]
+        given = extractor(clip, sampling_rate=features.sampling_rate, return_tensors="np")
+        theirs = given[extractor.model_input_names[0]][0]  # input_values, or Whisper's input_features
         ours = features(clip)
         if theirs.shape != ours.shape:
             return ("feature extractor", f"the service's features are {ours.shape}, the extractor's {theirs.shape}")

@@ -223,7 +223,7 @@ def write_formats(
                         raise ValueError(
                             f"the model cannot be exported to onnx: {first_line(err)}; the service runs ONNX"
                         ) from None
-                    tool = "torch.jit.trace" if name == "torchscript" else "torch.export"
+                    tool = {"torchscript": "torch.jit.trace", "safetensors": "safetensors"}.get(name, "torch.export")
                     skipped[artifact] = f"{tool} cannot export this model: {first_line(err)}"
                     for leftover in (folder / artifact, folder / f"{artifact}.data"):
                         leftover.unlink(missing_ok=True)

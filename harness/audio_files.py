@@ -42,3 +42,17 @@ def encoded(samples: np.ndarray, rate: int, container: str) -> bytes:
 
 def tone(hz: float, seconds: float, rate: int, level: float = 0.4) -> np.ndarray:
     return (level * np.sin(2 * np.pi * hz * np.arange(int(seconds * rate)) / rate)).astype(np.float32)
+
+
+# The tests' "speech": each word a tone of its own pitch (Hz), which a tiny Whisper learns to transcribe.
+WORD_PITCHES = {"one": 330, "two": 520, "three": 740, "four": 990, "five": 1310}
+
+
+def spoken(words: list[str], rng: np.random.Generator, rate: int = 16_000) -> np.ndarray:
+    """The words as tones, a third of a second each with a short gap, at a random level, with a little noise."""
+    parts = []
+    for word in words:
+        t = np.arange(int(rate / 3)) / rate
+        parts += [np.sin(2 * np.pi * WORD_PITCHES[word] * t) * np.hanning(len(t)), np.zeros(rate // 20)]
+    clip = rng.uniform(0.2, 0.5) * np.concatenate(parts)
+    return (clip + 0.01 * rng.standard_normal(len(clip))).astype(np.float32)

@@ -73,12 +73,14 @@ def made_by_rank_0(make: Callable[[], Any], folder: Path) -> Any:
     return transformers.PreTrainedTokenizerFast.from_pretrained(folder)
 
 
-def trainer_arguments(out: Path, steps: int, learning_rate: float, **more: Any) -> Any:
+def trainer_arguments(out: Path, steps: int, learning_rate: float, seq2seq: bool = False, **more: Any) -> Any:
     """Trainer's arguments as the tests' fixtures train: on the CPU under torchrun's gloo, `steps` steps of 8 rows a
-    process, one checkpoint at the end (checkpoint-`steps`), no reports or progress bars."""
+    process, one checkpoint at the end (checkpoint-`steps`), no reports or progress bars; Seq2SeqTrainer's with
+    `seq2seq`."""
     import transformers
 
-    return transformers.TrainingArguments(
+    kind = transformers.Seq2SeqTrainingArguments if seq2seq else transformers.TrainingArguments
+    return kind(
         output_dir=str(out),
         max_steps=steps,
         save_steps=steps,

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from gpu_generation import generation_on_device  # noqa: E402  (beside this script)
 from gpu_images import images_on_device  # noqa: E402  (beside this script)
-from gpu_tasks import tasks_on_device  # noqa: E402  (beside this script)
+from gpu_tasks import media_on_device, tasks_on_device  # noqa: E402  (beside this script)
 from gpu_text import text_on_device  # noqa: E402  (beside this script)
 
 from bench.load import uploads  # noqa: E402
@@ -438,6 +438,10 @@ def main() -> int:
         "token classification, embeddings, reranking, a Hugging Face image classifier, masks and keypoints on the "
         "device",
         lambda: tasks_on_device(args.out / "tasks", device, text_seconds, text_rounds, args.dry_run_cpu),
+    )
+    report.run(
+        "an audio classifier and a CLIP exported, served and measured on the device",
+        lambda: media_on_device(args.out / "media", device, text_seconds, text_rounds, args.dry_run_cpu),
     )
     report.run(
         "a fine-tuned language model exported, served and measured on the device (and vLLM where installed)",

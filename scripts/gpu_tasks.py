@@ -19,7 +19,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench import detection_serving, text_serving, workload  # noqa: E402
+from bench import detection_serving, media_serving, text_serving, workload  # noqa: E402
 from bench.results import result_path  # noqa: E402
 from contract.manifest import read_manifest_unchecked  # noqa: E402
 
@@ -29,12 +29,38 @@ SIZES = ("--min-size", "320", "--max-size", "427")  # the R-CNNs' inputs
 
 
 def _proved(folder: Path, device: str) -> dict[str, Any]:
+    """The export's parity by artifact, raising where it did not pass on `device` (an image-text model's: each
+    tower's, by tower)."""
     manifest = read_manifest_unchecked(folder)
     parity = manifest["parity"]
-    on_device = device != "cuda" or any(r["device"] == "cuda" for r in parity["results"])
+    results = [
+        {**r, "artifact": f"{tower}/{r['artifact']}"}
+        for tower, report in (parity.get("towers") or {"": parity}).items()
+        for r in report["results"]
+    ]
+    results = [{**r, "artifact": r["artifact"].lstrip("/")} for r in results]
+    on_device = device != "cuda" or any(r["device"] == "cuda" for r in results)
     if manifest["status"] != "passed" or not on_device:
         raise RuntimeError(f"{manifest['arch']}: parity did not pass on {device}: {parity['summary']}")
-    return {"task": manifest["task"], "parity": {r["artifact"]: r["passed"] for r in parity["results"]}}
+    return {"task": manifest["task"], "parity": {r["artifact"]: r["passed"] for r in results}}
+
+
+def media_on_device(out: Path, device: str, seconds: float, rounds: int, dry_run: bool) -> dict[str, Any]:
+    """An AST audio classifier and a CLIP (bench/media_serving.py) exported with parity on `device` and measured
+    served against their in-process limit there; the dry run measures the audio classifier only, briefly."""
+    load = ["--seconds", str(seconds), "--rounds", str(rounds)]
+    details: dict[str, Any] = {}
+    for task in media_serving.TASKS:
+        work = out / task
+        work.mkdir(parents=True, exist_ok=True)
+        folder = media_serving.make_model(work, task, "--device", device)
+        details[task] = _proved(folder, device)
+        if dry_run and task != "audio":
+            continue
+        arguments = ["--task", task, "--export", str(folder), *load]
+        ratios = _bench(out, "media_serving", arguments, workload.workload_name(folder, task), device)
+        details[task]["ours_over_limit_c16"] = ratios["ours_over_limit_c16"]
+    return details
 
 
 def _bench(out: Path, name: str, arguments: list[str], workload_name: str, device: str) -> dict[str, float]:

@@ -352,6 +352,14 @@ def image_text_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> 
 
 
 @pytest.fixture(scope="session")
+def whisper_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A tiny Whisper fine-tuned by Seq2SeqTrainer under torchrun as the "Fine-Tune Whisper" recipe does (tests/
+    fixtures/hf_whisper_trainer.py), its checkpoint-60 exported with no flags (checkpoint-60.export)."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    return _trained_and_exported(shared, "whisper_run", "hf_whisper_trainer.py", [["{run}/checkpoint-60"]])
+
+
+@pytest.fixture(scope="session")
 def token_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny DistilBERT entity tagger trained by Hugging Face's Trainer under torchrun (tests/fixtures/
     hf_token_trainer.py), its checkpoint-40 exported with no flags (checkpoint-40.export)."""

@@ -189,3 +189,72 @@ def test_page_paints_a_segmenters_mask_over_the_photo(browser, segmentation_run,
     assert size == {"width": 400, "height": 267}
     assert rows == [[c["label"], f"{100 * c['share']:.1f}%"] for c in summary["classes"]]
     assert "a segmenter, 3 classes" in model_line, model_line
+
+
+def page_answer(
+    browser, export: Path, upload: Path, tmp_path: Path, **settings: str
+) -> tuple[list[list[str]], str, str]:
+    """The page for `export` given the file `upload` (its drop zone's input): the rows it lists (label, value), the
+    transcript it shows and the drop zone's words."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with Server(tmp_path / "serve.log", HANDOFF_MODEL_DIR=str(export), **settings) as srv:
+        srv.wait_ready()
+        browser.get(srv.url + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda d: d.find_element(By.ID, "model").get_attribute("data-ready") == "true")
+        zone = browser.find_element(By.ID, "droptext").text
+        browser.find_element(By.ID, "file").send_keys(str(upload))
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") in ("done", "error"))
+        assert browser.find_element(By.ID, "error").text == ""
+        rows = [
+            [row.find_element(By.CLASS_NAME, "label").text, row.find_element(By.CLASS_NAME, "p").text]
+            for row in browser.find_elements(By.CSS_SELECTOR, "tr.prediction")
+        ]
+        return rows, browser.find_element(By.ID, "transcript").text, zone
+
+
+def test_page_takes_an_audio_file_for_an_audio_classifier_and_a_speech_recognizer(
+    browser, audio_run, whisper_run, tmp_path
+):
+    """The drop zone asks for audio, and shows the classes, or the transcript, the service answers for the file."""
+    import numpy as np
+
+    from harness.audio_files import encoded, spoken, tone
+
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(encoded(tone(300, 1.0, 16_000), 16_000, "wav"))
+    export = audio_run / "ast" / "checkpoint-30.export"
+    rows, _, zone = page_answer(browser, export, clip, tmp_path)
+    with Server(tmp_path / "check.log", HANDOFF_MODEL_DIR=str(export)) as srv:
+        srv.wait_ready()
+        answer = httpx.post(f"{srv.url}/classify", files={"file": ("clip.wav", clip.read_bytes())}, timeout=30)
+    assert "audio file" in zone
+    assert rows == [[p["label"], f"{100 * p['probability']:.1f}%"] for p in answer.json()["predictions"]]
+    words = tmp_path / "words.wav"
+    words.write_bytes(encoded(spoken(["two", "four"], np.random.default_rng(3)), 16_000, "wav"))
+    export = whisper_run / "checkpoint-60.export"
+    rows, transcript, zone = page_answer(browser, export, words, tmp_path)
+    with Server(tmp_path / "check.log", HANDOFF_MODEL_DIR=str(export)) as srv:
+        srv.wait_ready()
+        route = f"{srv.url}/v1/audio/transcriptions"
+        text = httpx.post(route, files={"file": ("w.wav", words.read_bytes())}, timeout=60).json()["text"]
+    assert "audio file" in zone and rows == [] and transcript == text and text
+
+
+def test_page_classifies_a_photo_among_labels_for_clip(browser, image_text_run, tmp_path):
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photo = tmp_path / "photo.jpg"
+    Image.fromarray(load_sample_images().images[1]).save(photo, format="JPEG", quality=90)
+    export = image_text_run / "clip" / "checkpoint-30.export"
+    rows, _, zone = page_answer(browser, export, photo, tmp_path)
+    labels = "a cat, a dog, a street at night, a bowl of flowers"  # the page's own
+    with Server(tmp_path / "check.log", HANDOFF_MODEL_DIR=str(export)) as srv:
+        srv.wait_ready()
+        form = {"candidate_labels": labels}
+        answer = httpx.post(f"{srv.url}/classify", files={"image": ("p.jpg", photo.read_bytes())}, data=form)
+    assert "image" in zone
+    assert rows == [[p["label"], f"{100 * p['score']:.1f}%"] for p in answer.json()["predictions"]]

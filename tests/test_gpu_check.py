@@ -21,6 +21,7 @@ STEPS = [
     "a Hugging Face text classifier exported, served and measured on the device",
     "a detector and a segmenter exported, served and measured on the device",
     "token classification, embeddings, reranking, a Hugging Face image classifier, masks and keypoints on the device",
+    "an audio classifier and a CLIP exported, served and measured on the device",
     "a fine-tuned language model exported, served and measured on the device (and vLLM where installed)",
 ]
 
@@ -67,11 +68,15 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     images = steps["a detector and a segmenter exported, served and measured on the device"]
     detector, segmenter = images["fasterrcnn_mobilenet_v3_large_320_fpn"], images["lraspp_mobilenet_v3_large"]
     assert detector["parity"] and detector["matched"] > 0 and segmenter["pixels_equal"] >= 0.999
-    tasks = steps[STEPS[-2]]
+    tasks = steps[STEPS[-3]]
     assert set(tasks) == {"tokens", "embed", "rerank", "hf-image"}  # the R-CNNs on a GPU
     assert all(task["parity"] == {"model.onnx": True} for task in tasks.values()), tasks
     assert tasks["rerank"]["ours_over_limit_c64"] > 0, tasks
     assert tasks["hf-image"]["task"] == "image-classification" and tasks["rerank"]["task"] == "text-ranking"
+    media = steps[STEPS[-2]]
+    assert media["audio"]["task"] == "audio-classification" and media["audio"]["parity"] == {"model.onnx": True}
+    assert media["image-text"]["parity"] == {"image/model.onnx": True, "text/model.onnx": True}, media
+    assert media["audio"]["ours_over_limit_c16"] > 0, media
     generation = steps[STEPS[-1]]
     assert generation["served_device"] == "cpu" and generation["genai"]["precision"] == "fp32"
     assert generation["handoff_equals_transformers"] and generation["parity"]["tokens_compared"] > 0, generation

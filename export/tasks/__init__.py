@@ -22,6 +22,7 @@ from export.tasks import (
     image_text,
     object_detection,
     semantic_segmentation,
+    speech_recognition,
     tensors,
     text_classification,
     text_embedding,
@@ -43,6 +44,7 @@ TASKS: tuple[ExportTask, ...] = (
     text_generation.TASK,
     audio_classification.TASK,
     image_text.TASK,
+    speech_recognition.TASK,
 )
 
 # A Hugging Face config's architecture, by the suffix of its name (the longest that matches), to the task that
@@ -79,6 +81,8 @@ def hf_task(hf: HfCheckpoint) -> ExportTask:
         return text_embedding.TASK
     if audio_classification.is_audio_classifier(hf):
         return audio_classification.TASK
+    if speech_recognition.is_speech_recognizer(hf):  # WhisperForConditionalGeneration
+        return speech_recognition.TASK
     if image_text.is_image_text(hf):  # CLIPModel, SiglipModel: a bare `*Model`, as an encoder's name is
         return image_text.TASK
     where = f"{hf.config_dir / CONFIG}: {hf.architecture or 'no architecture'}"

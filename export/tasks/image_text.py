@@ -21,23 +21,19 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from contract.image_text import TOWERS, ImageTextSettings
-from contract.manifest import Manifest, new_tensor_manifest
+from contract.image_text import ImageTextSettings
 from contract.pil_transform import Preprocessor
-from contract.signature import TASK_IMAGE_TEXT, Signature
+from contract.signature import TASK_IMAGE_TEXT
 from contract.tokenizer_spec import TOKENIZER_JSON
 from export.hf_text import LoadedText, hf_manifest, load_hf_text, tokenized_job, training_tokenizer
 from export.image_processor import check_processor, load_processor, preprocessing_of, report
 from export.inputs import REAL_IMAGES, real_images
-from export.job import Job, log_loading, origin_fields
+from export.job import Job, log_loading
 from export.pipeline import (
     Check,
     ExportRequest,
     ExportTask,
     OwnChecks,
-    add_own_checks,
-    close_manifest,
-    library_checks,
     tolerance_of,
     write_tensor_export,
 )
@@ -45,6 +41,7 @@ from export.readers.hf_checkpoint import CONFIG, PROCESSOR_CONFIGS, HfCheckpoint
 from export.reference import image_text_reference
 from export.steps import timed
 from export.tensor_model import Example, describe
+from export.towers import towers_manifest, write_towers
 
 PROCESSOR = "processor (its image processor and tokenizer), which says how images and texts become the model's input"
 
@@ -124,40 +121,28 @@ def image_text_job(request: ExportRequest) -> Job:
     photos, _ = real_images(None, options.parity.samples, REAL_IMAGES)
     image = _image_tower(request, hf, loaded, folder, preprocess, photos)
     reference = image_text_reference(hf, loaded.model, folder, preprocess, settings, tol)
-    origin = origin_fields(hf.weights, loaded.src, loaded.unwrapped, loaded.provenance)
-    signature = Signature.from_dict(
-        {
-            "inputs": [*image.manifest["signature"]["inputs"], *text.manifest["signature"]["inputs"]],
-            "outputs": [*image.manifest["signature"]["outputs"], *text.manifest["signature"]["outputs"]],
-        }
-    )
-    dynamic = {**image.manifest["dynamic"], **text.manifest["dynamic"]}
-    manifest = new_tensor_manifest(hf.architecture, signature, dynamic, origin, request.timings)
-    manifest |= {"task": TASK_IMAGE_TEXT, "preprocess": preprocess, "tokenizer": text.manifest["tokenizer"]}
+    towers = {"image": image, "text": text}
+    manifest = towers_manifest(request, loaded, towers, TASK_IMAGE_TEXT)
+    manifest |= {"preprocess": preprocess, "tokenizer": text.manifest["tokenizer"]}
     manifest["image_text"] = settings.to_manifest()
-    manifest["towers"] = {name: name for name in TOWERS}
     width = int(image.manifest["signature"]["outputs"][0]["shape"][-1])
     manifest["embedding"] = {"pooling": "the model's projection", "normalized": False, "dimensions": width}
     manifest["reference"] = reference.to_manifest()
     manifest["hf"] = {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG}
 
-    def write(out: Path) -> int:
-        statuses = {}
-        for name, tower in (("image", image), ("text", text)):
-            (out / name).mkdir()
-            statuses[name] = tower.write(out / name)
-        parity = _joined_parity({"image": image.manifest, "text": text.manifest})
-        files = [name for name in PROCESSOR_CONFIGS if (folder / name).is_file()]
-        for name in files:
+    def files(out: Path) -> list[str]:
+        """The processor's config, and the served tokenizer beside the outer manifest, as a text model's."""
+        copied = [name for name in PROCESSOR_CONFIGS if (folder / name).is_file()]
+        for name in copied:
             shutil.copyfile(folder / name, out / name)
-        shutil.copyfile(out / "text" / TOKENIZER_JSON, out / TOKENIZER_JSON)  # the service's, as a text model's
-        files.append(TOKENIZER_JSON)
-        assert reference.checks is not None
-        checks: list[Check] = library_checks(lambda: reference.checks(photos, out))  # type: ignore[misc]
-        manifest["parity"] = parity
-        add_own_checks(manifest["parity"], "image_text", checks)
-        towers = [f"{name}/manifest.json" for name in TOWERS]
-        return close_manifest(manifest, out, [*towers, *files])
+        shutil.copyfile(out / "text" / TOKENIZER_JSON, out / TOKENIZER_JSON)
+        return [*copied, TOKENIZER_JSON]
+
+    assert reference.checks is not None
+    checks = reference.checks
+
+    def write(out: Path) -> int:
+        return write_towers(out, manifest, towers, "image_text", lambda out: checks(photos, out), files)
 
     described = (
         f"{hf.architecture} (image tower {'x'.join(map(str, image.manifest['signature']['inputs'][0]['shape'][1:]))}, "
@@ -199,16 +184,6 @@ def _image_tower(
         return write_tensor_export(wrapped, example, dynamic, formats, request.device, tol, manifest, out, own)
 
     return Job(manifest, write, "the image tower")
-
-
-def _joined_parity(towers: dict[str, Manifest]) -> dict[str, Any]:
-    """The outer manifest's parity: both towers' verdicts and tables, each line named by its tower."""
-    verdicts = [manifest["parity"]["pass"] for manifest in towers.values()]
-    passed = False if False in verdicts else None if None in verdicts else True
-    summary = [f"{name} tower: {line}" for name, manifest in towers.items() for line in manifest["parity"]["summary"]]
-    device = towers["image"]["parity"]["device"]
-    parities = {name: m["parity"] for name, m in towers.items()}
-    return {"pass": passed, "device": device, "summary": summary, "towers": parities}
 
 
 TASK = ExportTask(

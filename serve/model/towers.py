@@ -1,6 +1,7 @@
-"""An image-text model's runtime: its two towers, each an export of its own inside the served folder (image/, text/),
-each loaded as any model is, from bytes its own manifest verifies, that manifest's bytes verified by the served
-manifest. A batch of images runs the image tower, a batch of texts the text tower; both answer `embeddings`."""
+"""The runtime of a model served as towers (export/towers.py: an image-text model's image/ and text/, Whisper's
+encoder/ and decoder/), each an export of its own inside the served folder, each loaded as any model is, from bytes
+its own manifest verifies, that manifest's bytes verified by the served manifest. A batch runs the tower whose inputs
+it holds, and gets that tower's outputs by name."""
 
 from __future__ import annotations
 
@@ -10,12 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from contract.image_text import TOWERS
 from contract.manifest import MANIFEST, Manifest, ManifestError, read_artifact
 from serve.config import ServeConfig
 from serve.model.runtime import Runtime, load_runtime
-
-IMAGE_INPUTS = "pixel_values"  # a batch holding it is the image tower's
 
 
 def tower_manifest(folder: Path, manifest: Manifest, tower: str) -> Manifest:
@@ -26,35 +24,28 @@ def tower_manifest(folder: Path, manifest: Manifest, tower: str) -> Manifest:
 
 
 class Towers:
-    """Runtime's protocol over the two towers' runtimes."""
+    """Runtime's protocol over the towers' runtimes (the first tower's name, provider and device)."""
 
     def __init__(self, config: ServeConfig, folder: Path, manifest: Manifest, threads: int) -> None:
         tensorrt = config.tensorrt_cache if config.tensorrt == "1" else None
+        manifests = {tower: tower_manifest(folder, manifest, tower) for tower in manifest["towers"]}
         self.towers: dict[str, Runtime] = {
-            tower: load_runtime(
-                config.runtime,
-                folder / tower,
-                tower_manifest(folder, manifest, tower),
-                config.device,
-                config.precision,
-                tensorrt,
-                threads,
-            )
-            for tower in TOWERS
+            tower: load_runtime(config.runtime, folder / tower, own, config.device, config.precision, tensorrt, threads)
+            for tower, own in manifests.items()
         }
-        image = self.towers["image"]
-        self.name, self.provider, self.device = image.name, image.provider, image.device
-        self.artifact = (
-            f"image/{MANIFEST}"  # what GET /info names: the image tower's manifest, hashed in the served one
-        )
+        self.inputs = {tower: {t["name"] for t in own["signature"]["inputs"]} for tower, own in manifests.items()}
+        first = next(iter(self.towers))
+        runtime = self.towers[first]
+        self.name, self.provider, self.device = runtime.name, runtime.provider, runtime.device
+        self.artifact = f"{first}/{MANIFEST}"  # what GET /info names: the first tower's manifest, in the served one
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
-        return self.run_named({IMAGE_INPUTS: batch})["embeddings"]
+        raise TypeError("a model of towers runs by its inputs' names (run_named)")
 
     def run_named(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tower = "image" if IMAGE_INPUTS in inputs else "text"
-        (embeddings,) = self.towers[tower].run_named(inputs).values()
-        return {"embeddings": embeddings}
+        """The outputs of the tower whose inputs `inputs` holds."""
+        tower = next(name for name, names in self.inputs.items() if names <= inputs.keys())
+        return self.towers[tower].run_named(inputs)
 
     def info(self) -> dict[str, Any]:
         return {tower: runtime.artifact for tower, runtime in self.towers.items()}

@@ -14,6 +14,7 @@ from serve.tasks.image_classification import ImageClassification
 from serve.tasks.image_text import ImageText
 from serve.tasks.object_detection import ObjectDetection
 from serve.tasks.semantic_segmentation import SemanticSegmentation
+from serve.tasks.speech_recognition import SpeechRecognition
 from serve.tasks.tensors import Tensors
 from serve.tasks.text_classification import TextClassification
 from serve.tasks.text_embedding import TextEmbedding
@@ -34,6 +35,7 @@ TASKS: dict[str, type[ServedTask]] = {
         SemanticSegmentation,
         AudioClassification,
         ImageText,
+        SpeechRecognition,
         Tensors,
     )
 }

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from contract.audio import AUDIO_TYPES, FORMATS
 from contract.errors import ClientError
-from serve.http.endpoint import Endpoint, Handler
+from serve.http.endpoint import ERROR, Endpoint, Handler, plain_error
 from serve.http.front_door import MULTIPART, BodyRoute
 from serve.model.tensor_inputs import check_rows
 from serve.protocols.oip_codec import InferRequest
@@ -23,6 +24,8 @@ def audio_route(
     answer: tuple[str, dict[str, Any]],
     form_fields: dict[str, str],
     query: tuple[dict[str, Any], ...] = (),
+    error_body: Callable[[ClientError], dict[str, Any]] = plain_error,
+    error_schema: dict[str, Any] = ERROR,
 ) -> Endpoint:
     """A model's POST route that takes one audio file: a multipart form (its file field `file`, and `form_fields`'
     others) or the file itself as the body."""
@@ -30,7 +33,7 @@ def audio_route(
     takes = f"{path} takes an audio file: a multipart/form-data form (field file) or the file itself ({FORMATS})"
     body = BodyRoute(frozenset({MULTIPART, *AUDIO_TYPES}), form_fields, takes=takes)
     request = {MULTIPART: {"schema": form}, **{t: {"schema": BINARY} for t in AUDIO_TYPES}}
-    return model_route(path, summary, handler, body, request, answer, query)
+    return model_route(path, summary, handler, body, request, answer, query, error_body, error_schema)
 
 
 def audio_files(request: InferRequest, max_rows: int) -> list[bytes]:

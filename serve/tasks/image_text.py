@@ -35,7 +35,7 @@ from serve.http.endpoint import Answer, Endpoint, Incoming
 from serve.http.front_door import MULTIPART, BodyRoute
 from serve.model.lanes import Lanes
 from serve.model.runtime import Runtime
-from serve.model.towers import IMAGE_INPUTS, Towers
+from serve.model.towers import Towers
 from serve.protocols.oip_codec import InferRequest, OutputTensor
 from serve.protocols.tensors import IMAGE_INPUT, TEXT_INPUT, ServedTensor, select_outputs
 from serve.tasks.base import Serving, model_route, one_param, only_params
@@ -43,6 +43,7 @@ from serve.tasks.images import BINARY, RAW_IMAGE_TYPES, form_schema, image_files
 from serve.tasks.text_embedding import VECTORS, TextEmbedding
 from serve.tasks.texts import PaddedSequences, checked_text
 
+IMAGE_INPUTS = "pixel_values"  # the image tower's input: a batch holding it is the image tower's
 EMBED_FIELDS = {"image": "file", "normalize": "text"}
 CLASSIFY_FIELDS = {"image": "file", "candidate_labels": "text", "hypothesis_template": "text"}
 MAX_LABELS = 100  # candidate labels in one request (each a text through the text tower)
@@ -86,8 +87,13 @@ class ImageText(TextEmbedding):
     @classmethod
     def own_runtime(cls, config: ServeConfig, folder: Path, manifest: Manifest) -> tuple[Lanes, Runtime]:
         threads = config.model_threads()
-        why = "two towers, one lane each on every thread"
+        why = "towers: one lane each, on every thread"
         return Lanes(1, threads, config.max_batch_size, why), Towers(config, folder, manifest, threads)
+
+    def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Either tower's one output (`image_embeds`, `text_embeds`) as the sentence encoder's `embeddings`."""
+        (embeddings,) = self.serving.runtime.run_named(rows).values()
+        return {"embeddings": embeddings}
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
