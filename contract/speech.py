@@ -7,7 +7,9 @@ model finds likeliest after `<|startoftranscript|>`, as `generate` detects it), 
 `translate`) and `<|notimestamps|>`. Each step's logits have the config's `suppress_tokens` removed, and at the first
 generated step its `begin_suppress_tokens` too; decoding ends at the end token or where the sequence reaches
 `generate`'s length: the config's `max_length` plus the prompt's tokens (at most half the decoder's positions), never
-past the decoder's positions.
+past the decoder's positions. (`generate` reads any token past <|notimestamps|> as a timestamp, even when told
+<|notimestamps|>, and then decodes the rest of the window again; handoff decodes one window, and its export refuses a
+model whose `generate` did so on its clips.)
 """
 
 from __future__ import annotations

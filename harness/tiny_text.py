@@ -121,3 +121,87 @@ def bpe_chat_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> An
         model_max_length=max_length,
         chat_template=CHATML,
     )
+
+
+LANGUAGES = ("<|en|>", "<|fr|>")  # a tiny Whisper's languages
+SPECIALS = (
+    "<|endoftext|>",
+    "<|startoftranscript|>",
+    *LANGUAGES,
+    "<|translate|>",
+    "<|transcribe|>",
+    "<|startoflm|>",
+    "<|startofprev|>",
+    "<|nospeech|>",
+    "<|notimestamps|>",
+)
+
+
+def whisper_tokenizer(texts: list[str], vocab_size: int = 320) -> Any:
+    """A byte-level BPE learnt from `texts`, laid out as Whisper's: the text's tokens, then the special tokens, then
+    the timestamps (<|0.00|> to <|30.00|>), which `generate` finds by their place after <|notimestamps|>."""
+    import transformers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet))
+    backend.add_special_tokens([AddedToken(token, special=True) for token in SPECIALS])
+    backend.add_tokens([AddedToken(f"<|{i * 0.02:.2f}|>", special=False) for i in range(1501)])
+    end = "<|endoftext|>"
+    return transformers.WhisperTokenizer(  # transformers 5's one Whisper tokenizer (WhisperTokenizerFast is its alias)
+        tokenizer_object=backend, bos_token=end, eos_token=end, unk_token=end, pad_token=end
+    )
+
+
+def whisper_generation_config(tokenizer: Any, max_length: int, quiet_timestamps: bool = False) -> Any:
+    """A Whisper's generation config as the fine-tuning recipe leaves it: language and task set (forced decoder ids
+    cleared), the special tokens' ids, the no-speech and language-model tokens suppressed (with `quiet_timestamps`,
+    the timestamps too: a model of random weights would otherwise emit them, which `generate` then reads as the end
+    of a segment and decodes the rest of the window again)."""
+    import transformers
+
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIALS}
+    end = ids["<|endoftext|>"]
+    timestamps = list(range(ids["<|notimestamps|>"] + 1, len(tokenizer))) if quiet_timestamps else []
+    return transformers.GenerationConfig(
+        decoder_start_token_id=ids["<|startoftranscript|>"],
+        eos_token_id=end,
+        pad_token_id=end,
+        max_length=max_length,
+        is_multilingual=True,
+        lang_to_id={language: ids[language] for language in LANGUAGES},
+        task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+        no_timestamps_token_id=ids["<|notimestamps|>"],
+        prev_sot_token_id=ids["<|startofprev|>"],
+        suppress_tokens=[ids["<|nospeech|>"], ids["<|startoflm|>"], *timestamps],
+        begin_suppress_tokens=[end],
+        language="en",
+        task="transcribe",
+        forced_decoder_ids=None,
+    )
+
+
+def whisper_config(tokenizer: Any, width: int, layers: int, heads: int, positions: int = 448) -> Any:
+    """A Whisper of `width` and `layers` (encoder and decoder alike) over `tokenizer`, 80 mel bins, 30 s windows."""
+    import transformers
+
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    return transformers.WhisperConfig(
+        vocab_size=len(tokenizer),
+        num_mel_bins=80,
+        d_model=width,
+        encoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_layers=layers,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=4 * width,
+        decoder_ffn_dim=4 * width,
+        max_target_positions=positions,
+        pad_token_id=end,
+        bos_token_id=end,
+        eos_token_id=end,
+        decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
+    )

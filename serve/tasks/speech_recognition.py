@@ -181,9 +181,9 @@ class SpeechRecognition(ServedTask):
         """The encoder on the batch, then the decoder a token at a time (contract/speech.py), in the model thread;
         each clip's language detected where the prompt has none."""
         runtime = self.serving.runtime
-        states = runtime.run_named({"input_features": rows["input_features"]})["encoder_hidden_states"]
+        cross = runtime.run_named({"input_features": rows["input_features"]})  # each decoder layer's keys, values
         prompt, temperature = [int(t) for t in rows["prompt"][0]], float(rows["temperature"][0])
-        count = len(states)
+        count = len(rows["input_features"])
         found: list[list[int]] = [[] for _ in range(count)]
         logprobs = np.zeros(count, dtype=np.float32)
         languages = np.full(count, -1, dtype=np.int64)
@@ -191,16 +191,17 @@ class SpeechRecognition(ServedTask):
         for row in range(count):
 
             def one(ids: np.ndarray, row: int = row) -> np.ndarray:
-                return runtime.run_named({"input_ids": ids, "encoder_hidden_states": states[row : row + 1]})["logits"]
+                return runtime.run_named({"input_ids": ids, **{k: v[row : row + 1] for k, v in cross.items()}})[
+                    "logits"
+                ]
 
             detected = self.settings.with_language(one, prompt, self.settings.task)
             by_prompt.setdefault(tuple(detected), []).append(row)
         for full, members in by_prompt.items():
-            chosen = states[members]
+            chosen = {name: value[members] for name, value in cross.items()}
 
-            def decoder(ids: np.ndarray, chosen: np.ndarray = chosen) -> np.ndarray:
-                shared = np.repeat(chosen, len(ids) // len(chosen), axis=0)
-                return runtime.run_named({"input_ids": ids, "encoder_hidden_states": shared})["logits"]
+            def decoder(ids: np.ndarray, chosen: dict[str, np.ndarray] = chosen) -> np.ndarray:
+                return runtime.run_named({"input_ids": ids, **chosen})["logits"]
 
             tokens, steps = self.settings.decode(decoder, list(full), len(members), temperature)
             language = next((t for t in full if t in self.settings.languages.values()), -1)
