@@ -440,7 +440,7 @@ def main() -> int:
         lambda: tasks_on_device(args.out / "tasks", device, text_seconds, text_rounds, args.dry_run_cpu),
     )
     report.run(
-        "an audio classifier and a CLIP exported, served and measured on the device",
+        "an audio classifier, a CLIP and a Whisper exported, served and measured on the device",
         lambda: media_on_device(args.out / "media", device, text_seconds, text_rounds, args.dry_run_cpu),
     )
     report.run(

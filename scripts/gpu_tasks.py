@@ -46,8 +46,8 @@ def _proved(folder: Path, device: str) -> dict[str, Any]:
 
 
 def media_on_device(out: Path, device: str, seconds: float, rounds: int, dry_run: bool) -> dict[str, Any]:
-    """An AST audio classifier and a CLIP (bench/media_serving.py) exported with parity on `device` and measured
-    served against their in-process limit there; the dry run measures the audio classifier only, briefly."""
+    """An AST audio classifier, a CLIP and a Whisper (bench/media_serving.py) exported with parity on `device` and
+    measured served against their in-process limit there; the dry run measures the audio classifier only, briefly."""
     load = ["--seconds", str(seconds), "--rounds", str(rounds)]
     details: dict[str, Any] = {}
     for task in media_serving.TASKS:

@@ -24,7 +24,8 @@ python3 -m pip download --quiet --dest "$staging" --only-binary=:all: --implemen
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any "bentoml==1.4.40" onnxruntime-gpu httpx "uvicorn==0.54.0" "orjson>=3.9" "httptools>=0.6,<1" \
   "transformers>=4.46,<6" tokenizers \
-  "onnxruntime-genai-cuda==0.18.0" jinja2  # the Hugging Face steps (scripts/gpu_text.py, gpu_generation.py)
+  "onnxruntime-genai-cuda==0.18.0" jinja2 \
+  "soundfile==0.14.0" "av==18.1.1" "soxr==1.1.0"  # the Hugging Face steps (gpu_text.py, gpu_generation.py, gpu_tasks.py)
 
 # Leave out what the image holds; keep the wheels of everything else.
 mkdir -p "$staging/keep"
@@ -47,11 +48,18 @@ for part in "$staging"/onnxruntime_gpu.tar.xz.part-*; do
   mkdir -p "$dest/transfer-$k"
   mv "$part" "$dest/transfer-$k/"
 done
-# The small wheels ride with the last part (the smallest), or on their own when they do not fit.
-last="$dest/transfer-$k"
-if [ $(( $(du -sm "$last" | cut -f1) + $(du -sm "$staging/keep" | cut -f1) )) -gt "$transfer_mib" ]; then
-  last="$dest/transfer-$((k + 1))"
-  mkdir -p "$last"
-fi
-mv "$staging"/keep/*.whl "$last/"
+# The other wheels, largest first, each into the first transfer with room (av's FFmpeg is ~37 MB), else a new one.
+for wheel in $(ls -S "$staging"/keep/*.whl); do
+  size=$(( $(stat -c %s "$wheel") / 1048576 + 1 ))
+  placed=""
+  for folder in "$dest"/transfer-*; do
+    if [ $(( $(du -sm "$folder" | cut -f1) + size )) -le "$transfer_mib" ]; then placed="$folder"; break; fi
+  done
+  if [ -z "$placed" ]; then
+    k=$((k + 1))
+    placed="$dest/transfer-$k"
+    mkdir -p "$placed"
+  fi
+  mv "$wheel" "$placed/"
+done
 du -sh "$dest"/transfer-* | sed 's/^/gpu_wheels: /'

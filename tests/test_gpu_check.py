@@ -21,7 +21,7 @@ STEPS = [
     "a Hugging Face text classifier exported, served and measured on the device",
     "a detector and a segmenter exported, served and measured on the device",
     "token classification, embeddings, reranking, a Hugging Face image classifier, masks and keypoints on the device",
-    "an audio classifier and a CLIP exported, served and measured on the device",
+    "an audio classifier, a CLIP and a Whisper exported, served and measured on the device",
     "a fine-tuned language model exported, served and measured on the device (and vLLM where installed)",
 ]
 
@@ -76,6 +76,7 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path):
     media = steps[STEPS[-2]]
     assert media["audio"]["task"] == "audio-classification" and media["audio"]["parity"] == {"model.onnx": True}
     assert media["image-text"]["parity"] == {"image/model.onnx": True, "text/model.onnx": True}, media
+    assert media["speech"]["parity"] == {"encoder/model.onnx": True, "decoder/model.onnx": True}, media
     assert media["audio"]["ours_over_limit_c16"] > 0, media
     generation = steps[STEPS[-1]]
     assert generation["served_device"] == "cpu" and generation["genai"]["precision"] == "fp32"
