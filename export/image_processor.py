@@ -184,3 +184,13 @@ def _torchvision_pixels(folder: Path, images: list[Image.Image], trust_remote_co
 def report(check: ProcessorCheck) -> dict[str, Any]:
     """The manifest's `preprocess_check` block."""
     return asdict(check)
+
+
+def hf_preprocessing(folder: Path, trust_remote_code: bool) -> tuple[Any, Preprocessing]:
+    """The image processor saved in `folder` (its PIL backend) and what it does to an image; ValueError, in one
+    line naming the folder, for a step the contract cannot describe."""
+    processor = load_processor(folder, "pil", trust_remote_code)
+    try:
+        return processor, preprocessing_of(processor)
+    except ValueError as err:
+        raise ValueError(f"{folder}: {err}") from None

@@ -21,7 +21,7 @@ from contract.signature import TASK_IMAGE_CLASSIFICATION
 from export.architecture import ModelSpec
 from export.exporters import check_eval_mode
 from export.hf_text import config_labels, load_hf_text, pipeline_scores
-from export.image_processor import check_processor, load_processor, preprocessing_of, report
+from export.image_processor import check_processor, hf_preprocessing, report
 from export.inputs import REAL_IMAGES, real_images
 from export.job import Job, log_loading, origin_fields
 from export.pipeline import ExportRequest, ExportTask, tolerance_of
@@ -50,11 +50,7 @@ def hf_image_job(request: ExportRequest) -> Job:
     options, hf = request.options, request.hf
     assert hf is not None  # export/tasks/__init__.py chose this task for it
     folder = processor_folder(hf, IMAGE_PROCESSOR)
-    processor = load_processor(folder, "pil", options.read.trust_remote_code)
-    try:
-        pre = preprocessing_of(processor)
-    except ValueError as err:
-        raise ValueError(f"{folder}: {err}") from None
+    _, pre = hf_preprocessing(folder, options.read.trust_remote_code)
     loaded = load_hf_text(request, hf, AUTO_CLASS)
     model = PixelLogits(loaded.model).eval()
     check_eval_mode(model)

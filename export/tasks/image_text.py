@@ -26,7 +26,7 @@ from contract.pil_transform import Preprocessor
 from contract.signature import TASK_IMAGE_TEXT
 from contract.tokenizer_spec import TOKENIZER_JSON
 from export.hf_text import LoadedText, hf_manifest, load_hf_text, tokenized_job, training_tokenizer
-from export.image_processor import check_processor, load_processor, preprocessing_of, report
+from export.image_processor import check_processor, hf_preprocessing, report
 from export.inputs import REAL_IMAGES, real_images
 from export.job import Job, log_loading
 from export.pipeline import (
@@ -106,11 +106,7 @@ def image_text_job(request: ExportRequest) -> Job:
     options, hf = request.options, request.hf
     assert hf is not None  # export/tasks/__init__.py chose this task for it
     folder = processor_folder(hf, PROCESSOR)
-    processor = load_processor(folder, "pil", options.read.trust_remote_code)
-    try:
-        preprocess = preprocessing_of(processor).to_manifest()
-    except ValueError as err:
-        raise ValueError(f"{folder}: {err}") from None
+    preprocess = hf_preprocessing(folder, options.read.trust_remote_code)[1].to_manifest()
     loaded = load_hf_text(request, hf, "AutoModel")
     tokenizer = training_tokenizer(request, hf, loaded, "image-text model")
     settings = settings_of(loaded.model)

@@ -13,6 +13,7 @@ import numpy as np
 
 from contract.manifest import MANIFEST, Manifest, ManifestError, read_artifact
 from serve.config import ServeConfig
+from serve.model.lanes import Lanes
 from serve.model.runtime import Runtime, load_runtime
 
 
@@ -38,6 +39,12 @@ class Towers:
         runtime = self.towers[first]
         self.name, self.provider, self.device = runtime.name, runtime.provider, runtime.device
         self.artifact = f"{first}/{MANIFEST}"  # what GET /info names: the first tower's manifest, in the served one
+
+    @classmethod
+    def arranged(cls, config: ServeConfig, folder: Path, manifest: Manifest, how: str) -> tuple[Lanes, Towers]:
+        """The towers on every thread, one lane (`how` they run, for GET /info), as a task's `own_runtime`."""
+        threads = config.model_threads()
+        return Lanes(1, threads, config.max_batch_size, f"towers: {how}"), cls(config, folder, manifest, threads)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         raise TypeError("a model of towers runs by its inputs' names (run_named)")

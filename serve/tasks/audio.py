@@ -9,12 +9,10 @@ from typing import Any
 from contract.audio import AUDIO_TYPES, FORMATS
 from contract.errors import ClientError
 from serve.http.endpoint import ERROR, Endpoint, Handler, plain_error
-from serve.http.front_door import MULTIPART, BodyRoute
 from serve.model.tensor_inputs import check_rows
 from serve.protocols.oip_codec import InferRequest
 from serve.protocols.tensors import AUDIO_INPUT
-from serve.tasks.base import model_route
-from serve.tasks.images import BINARY, form_schema
+from serve.tasks.base import file_route
 
 
 def audio_route(
@@ -29,11 +27,8 @@ def audio_route(
 ) -> Endpoint:
     """A model's POST route that takes one audio file: a multipart form (its file field `file`, and `form_fields`'
     others) or the file itself as the body."""
-    form = form_schema(form_fields)
     takes = f"{path} takes an audio file: a multipart/form-data form (field file) or the file itself ({FORMATS})"
-    body = BodyRoute(frozenset({MULTIPART, *AUDIO_TYPES}), form_fields, takes=takes)
-    request = {MULTIPART: {"schema": form}, **{t: {"schema": BINARY} for t in AUDIO_TYPES}}
-    return model_route(path, summary, handler, body, request, answer, query, error_body, error_schema)
+    return file_route(path, summary, handler, answer, form_fields, AUDIO_TYPES, takes, query, error_body, error_schema)
 
 
 def audio_files(request: InferRequest, max_rows: int) -> list[bytes]:

@@ -48,7 +48,7 @@ from serve.http.endpoint import (
     plain_error,
 )
 from serve.http.form import small_integer
-from serve.http.front_door import BodyRoute
+from serve.http.front_door import MULTIPART, BodyRoute
 from serve.http.json_body import parse_json
 from serve.model.batch_shape import BatchShape
 from serve.model.batching import ModelFailed
@@ -61,6 +61,8 @@ from serve.protocols.tensors import ServedTensor, select_outputs
 
 Rows = Any  # one array, or named arrays: what a task's decode gives and its `run` takes
 TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5}  # top_k's schema: `checked_top_k` checks it
+BINARY = {"type": "string", "format": "binary"}
+FIELD_SCHEMAS = {"file": BINARY, "integer": TOP_K, "text": {"type": "string"}}  # a form's one integer is top_k
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,34 @@ def model_route(
         error_body=error_body,
         error_schema=error_schema,
     )
+
+
+def file_route(
+    path: str,
+    summary: str,
+    handler: Handler,
+    answer: tuple[str, dict[str, Any]],
+    form_fields: dict[str, str],
+    media_types: tuple[str, ...],
+    takes: str,
+    query: tuple[dict[str, Any], ...] = (),
+    error_body: Callable[[ClientError], dict[str, Any]] = plain_error,
+    error_schema: dict[str, Any] = ERROR,
+) -> Endpoint:
+    """A model's POST route that takes one file: a multipart form of `form_fields` (the file's field among them) or
+    the file itself as the body, of one of `media_types`; `takes`: its 415's words."""
+    body = BodyRoute(frozenset({MULTIPART, *media_types}), form_fields, takes=takes)
+    request = {MULTIPART: {"schema": form_schema(form_fields)}, **{t: {"schema": BINARY} for t in media_types}}
+    return model_route(path, summary, handler, body, request, answer, query, error_body, error_schema)
+
+
+def form_schema(form_fields: dict[str, str]) -> dict[str, Any]:
+    """The OpenAPI schema of a multipart form of `form_fields` ({name: "file" | "integer" | "text"})."""
+    return {
+        "type": "object",
+        "properties": {name: FIELD_SCHEMAS[kind] for name, kind in form_fields.items()},
+        "required": [name for name, kind in form_fields.items() if kind == "file"],
+    }
 
 
 def only_params(params: dict[str, list[str]], allowed: set[str]) -> None:

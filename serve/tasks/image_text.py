@@ -38,8 +38,8 @@ from serve.model.runtime import Runtime
 from serve.model.towers import Towers
 from serve.protocols.oip_codec import InferRequest, OutputTensor
 from serve.protocols.tensors import IMAGE_INPUT, TEXT_INPUT, ServedTensor, select_outputs
-from serve.tasks.base import Serving, model_route, one_param, only_params
-from serve.tasks.images import BINARY, RAW_IMAGE_TYPES, form_schema, image_files, image_route
+from serve.tasks.base import BINARY, Serving, form_schema, model_route, one_param, only_params
+from serve.tasks.images import RAW_IMAGE_TYPES, image_files, image_route
 from serve.tasks.text_embedding import VECTORS, TextEmbedding
 from serve.tasks.texts import PaddedSequences, checked_text
 
@@ -86,9 +86,7 @@ class ImageText(TextEmbedding):
 
     @classmethod
     def own_runtime(cls, config: ServeConfig, folder: Path, manifest: Manifest) -> tuple[Lanes, Runtime]:
-        threads = config.model_threads()
-        why = "towers: one lane each, on every thread"
-        return Lanes(1, threads, config.max_batch_size, why), Towers(config, folder, manifest, threads)
+        return Towers.arranged(config, folder, manifest, "images or texts, a call on every thread")
 
     def run(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Either tower's one output (`image_embeds`, `text_embeds`) as the sentence encoder's `embeddings`."""

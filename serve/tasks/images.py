@@ -11,15 +11,12 @@ import numpy as np
 
 from contract.errors import ClientError
 from serve.http.endpoint import Endpoint, Handler
-from serve.http.front_door import MULTIPART, BodyRoute
 from serve.model.tensor_inputs import check_rows
 from serve.protocols.oip_codec import InferRequest
 from serve.protocols.tensors import IMAGE_INPUT
-from serve.tasks.base import TOP_K, model_route
+from serve.tasks.base import file_route
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif")
-BINARY = {"type": "string", "format": "binary"}
-FIELD_SCHEMAS = {"file": BINARY, "integer": TOP_K, "text": {"type": "string"}}  # a form's one integer is top_k
 IMAGE_FIELDS = {"image": "file"}  # the form of a route that takes an image and nothing else
 
 
@@ -33,23 +30,11 @@ def image_route(
 ) -> Endpoint:
     """A model's POST route that takes one image: a multipart form (its file field `image`, and `form_fields`'
     others) or the image itself as the body."""
-    form = form_schema(form_fields)
     takes = (
         f"{path} takes an image: a multipart/form-data form (field image) or the image itself "
         f"({', '.join(RAW_IMAGE_TYPES)})"
     )
-    body = BodyRoute(frozenset({MULTIPART, *RAW_IMAGE_TYPES}), form_fields, takes=takes)
-    request = {MULTIPART: {"schema": form}, **{t: {"schema": BINARY} for t in RAW_IMAGE_TYPES}}
-    return model_route(path, summary, handler, body, request, answer, query)
-
-
-def form_schema(form_fields: dict[str, str]) -> dict[str, Any]:
-    """The OpenAPI schema of a multipart form of `form_fields` ({name: "file" | "integer" | "text"})."""
-    return {
-        "type": "object",
-        "properties": {name: FIELD_SCHEMAS[kind] for name, kind in form_fields.items()},
-        "required": [name for name, kind in form_fields.items() if kind == "file"],
-    }
+    return file_route(path, summary, handler, answer, form_fields, RAW_IMAGE_TYPES, takes, query)
 
 
 def image_files(request: InferRequest, max_rows: int) -> list[bytes]:

@@ -35,8 +35,8 @@ from contract.signature import TASK_SEMANTIC_SEGMENTATION
 from serve.http.endpoint import Answer, Endpoint, Incoming
 from serve.protocols.oip_codec import InferRequest, OutputTensor
 from serve.protocols.tensors import IMAGE_INPUT, ServedTensor, select_outputs
-from serve.tasks.base import ProtocolTask, Serving, only_params
-from serve.tasks.images import BINARY, IMAGE_FIELDS, OneImageEach, each_image, image_route
+from serve.tasks.base import BINARY, ProtocolTask, Serving, only_params
+from serve.tasks.images import IMAGE_FIELDS, OneImageEach, each_image, image_route
 
 SEGMENT_FORMATS = ("png", "json")
 MODEL_PHOTOS = 4  # an image's pixels at the model's size, in 4:3 photos resized to its shorter side

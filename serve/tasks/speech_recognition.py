@@ -48,7 +48,7 @@ TRANSCRIBE_FIELDS = {
 }
 TRANSLATE_FIELDS = {name: kind for name, kind in TRANSCRIBE_FIELDS.items() if name != "language"}
 MAX_PROMPT_CHARS = 2000
-ANSWER = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+JSON_ANSWER = ("application/json", {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
 
 
 class SamePrompt:
@@ -74,9 +74,7 @@ class SpeechRecognition(ServedTask):
 
     @classmethod
     def own_runtime(cls, config: ServeConfig, folder: Path, manifest: Manifest) -> tuple[Lanes, Runtime]:
-        threads = config.model_threads()
-        why = "towers: the encoder once a call, the decoder once a token, on every thread"
-        return Lanes(1, threads, config.max_batch_size, why), Towers(config, folder, manifest, threads)
+        return Towers.arranged(config, folder, manifest, "the encoder once a call, the decoder once a token")
 
     def __init__(self, serving: Serving) -> None:
         super().__init__(serving)
@@ -92,28 +90,24 @@ class SpeechRecognition(ServedTask):
 
     def endpoints(self) -> list[Endpoint]:
         format_query = ({"name": "response_format", "in": "query", "required": False, "schema": {"enum": FORMATS}},)
-        return [
-            audio_route(
+        routes = (
+            (
                 "/v1/audio/transcriptions",
                 "an audio file's text, as OpenAI's transcriptions API answers: a multipart form with `file`, "
                 "`model`, `language`, `prompt`, `response_format` and `temperature`",
                 self.transcribe,
-                ("application/json", ANSWER),
                 TRANSCRIBE_FIELDS,
-                query=format_query,
-                error_body=error_body,
-                error_schema=ERROR_SCHEMA,
             ),
-            audio_route(
+            (
                 "/v1/audio/translations",
                 "an audio file's text in English, as OpenAI's translations API answers",
                 self.translate,
-                ("application/json", ANSWER),
                 TRANSLATE_FIELDS,
-                query=format_query,
-                error_body=error_body,
-                error_schema=ERROR_SCHEMA,
             ),
+        )
+        return [
+            audio_route(path, summary, handler, JSON_ANSWER, fields, format_query, error_body, ERROR_SCHEMA)
+            for path, summary, handler, fields in routes
         ]
 
     async def transcribe(self, request: Incoming) -> Answer:
