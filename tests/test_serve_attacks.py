@@ -4,7 +4,10 @@ measures is printed with `pytest -s` and quoted in docs/security.md."""
 from __future__ import annotations
 
 import io
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -320,6 +323,20 @@ def test_the_guarded_service_still_serves(guarded, eager):
 
 
 FLOODERS = 150  # past the guarded service's HANDOFF_MAX_CONNECTIONS (100)
+PROBES = """
+import json, sys, time
+import httpx
+found = []
+for _ in range(20):
+    started = time.monotonic()
+    try:
+        ok = httpx.get(sys.argv[1], timeout=float(sys.argv[2])).status_code == 200
+    except httpx.HTTPError:
+        ok = False
+    found.append([ok, time.monotonic() - started])
+    time.sleep(0.1)
+print(json.dumps(found))
+"""  # 20 fresh /livez connections, each answered or not and how long it took
 
 
 def test_a_flood_of_paced_refusals_never_keeps_a_fresh_probe_out(guarded):
@@ -349,15 +366,11 @@ def test_a_flood_of_paced_refusals_never_keeps_a_fresh_probe_out(guarded):
         for _ in range(FLOODERS):
             pool.submit(flood)
         time.sleep(2)  # the flood at its height
-        answered, slowest = 0, 0.0
-        for _ in range(20):
-            started = time.monotonic()
-            try:
-                answered += httpx.get(f"{guarded.url}/livez", timeout=2 * probe_timeout_s()).status_code == 200
-            except httpx.HTTPError:
-                pass
-            slowest = max(slowest, time.monotonic() - started)
-            time.sleep(0.1)
+        # The probes come from a process of their own, as the kubelet's do: here, beside 150 flooding threads, the
+        # probing client's own wait for Python's GIL counted as the service's (a CI run's slowest probe passed 6 s).
+        probing = [sys.executable, "-c", PROBES, f"{guarded.url}/livez", str(2 * probe_timeout_s())]
+        probes = json.loads(subprocess.run(probing, capture_output=True, text=True, timeout=300, check=True).stdout)
+        answered, slowest = sum(ok for ok, _ in probes), max(seconds for _, seconds in probes)
         stop.set()
     print(
         f"\npaced flood: {answered} of 20 fresh probes answered (slowest {slowest * 1000:.0f} ms), "
