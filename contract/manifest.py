@@ -121,6 +121,7 @@ class Manifest(TypedDict, total=False):
     tokenizer: dict[str, Any]
     audio: dict[str, Any]  # an audio model's features (contract/audio_features.py's AudioFeatures)
     image_text: dict[str, Any]  # an image-text model's zero-shot settings (contract/image_text.py)
+    open_clip: dict[str, Any]  # an open_clip export: the model open_clip built and the training settings it honoured
     speech: dict[str, Any]  # a Whisper's decoding settings (contract/speech.py's SpeechSettings)
     towers: dict[str, str]  # an image-text model's towers: each an export of its own, in this folder
     embedding: dict[str, Any]

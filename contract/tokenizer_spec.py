@@ -21,10 +21,17 @@ truncated as tokenizers' `longest_first` does: the shorter text keeps its tokens
 takes the rest. Prefixes give that exactly while at most one text overflows, or both do and the budget is even;
 when both overflow an odd budget, the odd token goes to the text with more tokens in full, which no prefix tells,
 so that pair is tokenized whole (HANDOFF_MAX_TEXT_CHARS bounds it).
+
+A tokenizer that cleans texts in Python before its BPE (open_clip's: ftfy's repairs, HTML entities, whitespace,
+lower case) names its cleaning in the manifest's `clean` (`CLEANERS`), and the service cleans each text (each prefix
+of a long one) the same way before `tokenizers` runs; export/open_clip.py proves the ids equal open_clip's own.
 """
 
 from __future__ import annotations
 
+import html
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +41,23 @@ MASK = "attention_mask"
 TOKENIZER_JSON = "tokenizer.json"
 ENCODING_FIELDS = {"input_ids": "ids", MASK: "attention_mask", "token_type_ids": "type_ids"}
 CHARS_PER_TOKEN = 8  # a first prefix's length, in characters per token the model takes (a token is ~4 in English)
+
+
+def open_clip_clean(text: str) -> str:
+    """What open_clip's SimpleTokenizer does to a text before its BPE: ftfy's repairs (mojibake, ligatures,
+    full-width letters), HTML entities unescaped twice, runs of whitespace made one space, lower case."""
+    import ftfy  # only open_clip's tokenizer needs it
+
+    repaired = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+    return re.sub(r"\s+", " ", repaired).strip().lower()
+
+
+def as_is(text: str) -> str:
+    return text
+
+
+# The manifest's `clean`: what is done to a text before the tokenizer file runs ("" for nothing).
+CLEANERS: dict[str, Callable[[str], str]] = {"": as_is, "open_clip": open_clip_clean}
 
 
 @dataclass(frozen=True)
@@ -49,6 +73,7 @@ class TokenizerSettings:
     pairs: bool = False  # the model reads pairs of texts (`text`, `text_pair`), never one alone
     takes_pairs: bool = False  # besides single texts, pairs, as transformers' pipeline takes them
     pad_to_max_length: bool = False  # every row padded to max_length, not to the longest (SigLIP's text tower)
+    clean: str = ""  # CLEANERS' name of what is done to a text before the tokenizer file (open_clip's)
 
     @classmethod
     def from_manifest(cls, entry: dict[str, Any]) -> TokenizerSettings:
@@ -62,6 +87,7 @@ class TokenizerSettings:
             bool(entry.get("pairs", False)),
             bool(entry.get("takes_pairs", False)),
             entry.get("padding", "longest") == "max_length",
+            str(entry.get("clean", "")),
         )
 
     def to_manifest(self) -> dict[str, Any]:
@@ -76,6 +102,7 @@ class TokenizerSettings:
             "pairs": self.pairs,
             "takes_pairs": self.takes_pairs,
             "padding": "max_length" if self.pad_to_max_length else "longest",
+            "clean": self.clean,
         }
 
     @property
@@ -100,7 +127,11 @@ class TextTokenizer:
     def __init__(self, tokenizer_json: bytes, settings: TokenizerSettings) -> None:
         from tokenizers import Tokenizer  # only a text model needs it
 
+        if settings.clean not in CLEANERS:
+            known = ", ".join(repr(name) for name in CLEANERS)
+            raise ValueError(f"the manifest's tokenizer cleans texts by {settings.clean!r}; handoff knows {known}")
         self.settings = settings
+        self.clean = CLEANERS[settings.clean]
         self.tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(settings.max_length)
@@ -109,7 +140,7 @@ class TextTokenizer:
 
     def encode(self, texts: list[str]) -> Encoded:
         long = {i: encoding for i, text in enumerate(texts) if (encoding := self._enough_of(text)[1]) is not None}
-        short = iter(self.tokenizer.encode_batch([text for i, text in enumerate(texts) if i not in long]))
+        short = iter(self.tokenizer.encode_batch([self.clean(text) for i, text in enumerate(texts) if i not in long]))
         return self._encoded([long[i] if i in long else next(short) for i in range(len(texts))])
 
     def encode_pairs(self, pairs: list[tuple[str, str]]) -> Encoded:
@@ -124,14 +155,14 @@ class TextTokenizer:
 
         def count(text: str) -> int:
             if text not in counted:
-                counted[text] = len(_encode(whole, text, add_special_tokens=False).ids)
+                counted[text] = len(_encode(whole, self.clean(text), add_special_tokens=False).ids)
             return counted[text]
 
         encodings, truncated = [], []
         for first, second in pairs:
             (a, a_long), (b, b_long) = self._enough_of(first), self._enough_of(second)
-            a_tokens = _encode(whole, a, add_special_tokens=False)
-            b_tokens = _encode(whole, b, add_special_tokens=False)
+            a_tokens = _encode(whole, self.clean(a), add_special_tokens=False)
+            b_tokens = _encode(whole, self.clean(b), add_special_tokens=False)
             if budget % 2 == 1 and a_long is not None and b_long is not None:
                 first_share = budget // 2 + (1 if count(first) > count(second) else 0)
                 a_tokens.truncate(first_share)
@@ -162,7 +193,7 @@ class TextTokenizer:
         encoding, which truncated is the whole text's; the text itself and None when none does."""
         limit = CHARS_PER_TOKEN * self.settings.max_length
         while (prefix := _cut_at_space(text, limit)) is not None:
-            encoding = _encode(self.tokenizer, prefix)
+            encoding = _encode(self.tokenizer, self.clean(prefix))
             if encoding.overflowing:
                 return prefix, encoding
             limit *= 4
@@ -173,6 +204,12 @@ def _encode(tokenizer: Any, text: str, add_special_tokens: bool = True) -> Any:
     """One text's encoding. Through `encode_batch`, which lets Python's GIL go while it works, where `encode` holds
     it: a decoder thread tokenizing 30 KB of long words held the event loop 21 ms."""
     return tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+
+
+def real_tokens(rows: dict[str, np.ndarray]) -> int:
+    """How many of a batch's tokens are the texts' own (not padding): the attention mask's ones, or every token of
+    a model that takes no mask (open_clip's: its rows padded to the context length)."""
+    return int(rows[MASK].sum()) if MASK in rows else int(rows["input_ids"].size)
 
 
 def pad_to_longest(parts: list[dict[str, np.ndarray]], settings: TokenizerSettings) -> dict[str, np.ndarray]:

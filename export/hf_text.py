@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 from tokenizers import Tokenizer
 
-from contract.manifest import Manifest, new_tensor_manifest
+from contract.manifest import Manifest, Origin, new_tensor_manifest
 from contract.tokenizer_spec import MASK, TOKENIZER_JSON, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
 from export.job import Job, log_loading, origin_fields
 from export.options import ExportOptions
@@ -76,6 +76,10 @@ class LoadedText:
     src: Source
     unwrapped: Unwrapped
     provenance: Provenance
+
+    def origin(self, hf: HfCheckpoint) -> Origin:
+        """The manifest's `source` and `provenance` of this model (export/job.py)."""
+        return origin_fields(hf.weights, self.src, self.unwrapped, self.provenance)
 
 
 def load_hf_text(

@@ -41,6 +41,7 @@ from export.options import SCOPED_FLAGS, ExportOptions
 from export.parity import DEFAULT_TOLERANCES, Comparison, Tolerance, parity_report, pin_precision
 from export.readers import Source, read_source
 from export.readers.hf_checkpoint import HfCheckpoint, find_hf_checkpoint
+from export.readers.open_clip import OpenClipCheckpoint, find_open_clip
 from export.steps import library_versions, timed
 from export.tensor_model import (
     Example,
@@ -74,6 +75,12 @@ class ExportRequest:
             if options.read.example or options.read.model or options.read.arch
             else find_hf_checkpoint(self.checkpoint, options.read.hf_config)
         )
+
+    @functools.cached_property
+    def open_clip(self) -> OpenClipCheckpoint | None:
+        """An open_clip checkpoint (a model folder, or open_clip_train's run), else None."""
+        read = self.options.read
+        return None if read.example or read.model or read.arch or read.hf_config else find_open_clip(self.checkpoint)
 
     @functools.cached_property
     def source(self) -> Source:

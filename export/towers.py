@@ -9,16 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from contract.manifest import MANIFEST, Manifest, new_tensor_manifest
+from contract.manifest import MANIFEST, Manifest, Origin, new_tensor_manifest
 from contract.signature import Signature
-from export.job import Job, origin_fields
+from export.job import Job
 from export.pipeline import Check, ExportRequest, add_own_checks, close_manifest, library_checks
 
 
-def towers_manifest(request: ExportRequest, loaded: Any, towers: dict[str, Job], task: str) -> Manifest:
+def towers_manifest(
+    request: ExportRequest, origin: Origin, architecture: str, towers: dict[str, Job], task: str
+) -> Manifest:
     """The outer manifest of `towers` (by folder name): their signatures joined (what one tower gives another, as
-    Whisper's encoder its states to the decoder, is neither), the checkpoint's origin, `task`."""
-    assert request.hf is not None
+    Whisper's encoder its states to the decoder, is neither), the checkpoint's `origin` (export/job.py), `task`."""
     signatures = [tower.manifest["signature"] for tower in towers.values()]
     inputs = [tensor for s in signatures for tensor in s["inputs"]]
     outputs = [tensor for s in signatures for tensor in s["outputs"]]
@@ -26,8 +27,7 @@ def towers_manifest(request: ExportRequest, loaded: Any, towers: dict[str, Job],
     outer = {"inputs": [t for t in inputs if t["name"] not in passed]}
     signature = Signature.from_dict(outer | {"outputs": [t for t in outputs if t["name"] not in passed]})
     dynamic = {name: dims for tower in towers.values() for name, dims in tower.manifest["dynamic"].items()}
-    origin = origin_fields(request.hf.weights, loaded.src, loaded.unwrapped, loaded.provenance)
-    manifest = new_tensor_manifest(request.hf.architecture, signature, dynamic, origin, request.timings)
+    manifest = new_tensor_manifest(architecture, signature, dynamic, origin, request.timings)
     manifest["task"] = task
     manifest["towers"] = {name: name for name in towers}
     return manifest

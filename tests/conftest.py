@@ -352,6 +352,16 @@ def image_text_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> 
 
 
 @pytest.fixture(scope="session")
+def open_clip_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A tiny open_clip model fine-tuned by open_clip's own trainer under torchrun (tests/fixtures/
+    open_clip_trainer.py): its run's logs/tiny/checkpoints/epoch_2.pt and the model folder open_clip reads as
+    local-dir: (folder/), each exported with no flags."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    exports = [["{run}/logs/tiny/checkpoints/epoch_2.pt"], ["{run}/folder"]]
+    return _trained_and_exported(shared, "open_clip_run", "open_clip_trainer.py", exports)
+
+
+@pytest.fixture(scope="session")
 def whisper_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny Whisper fine-tuned by Seq2SeqTrainer under torchrun as the "Fine-Tune Whisper" recipe does (tests/
     fixtures/hf_whisper_trainer.py), its checkpoint-60 exported with no flags (checkpoint-60.export)."""

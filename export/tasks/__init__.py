@@ -2,7 +2,8 @@
 supplies its model (rebuilt and loaded with provenance), its example inputs, its signature, its manifest fields and
 its own checks; export/pipeline.py holds the steps they share and export/run.py the whole.
 
-Which task a request is, decided once here (`task_for`): an example names the user's own model (tensors); a Hugging
+Which task a request is, decided once here (`task_for`): an example names the user's own model (tensors); an
+open_clip checkpoint is an image-text model's (export/readers/open_clip.py); a Hugging
 Face checkpoint goes by its architecture's suffix (`HF_HEADS`, one table: a head handoff does not serve yet is
 refused there, naming it); a torchvision detector or segmenter by its architecture; anything else is an image
 classifier. Then any task flag the task does not take is refused (`ExportTask.flags`). Adding a task: its module
@@ -104,6 +105,8 @@ def task_for(request: ExportRequest) -> ExportTask:
     task does not take."""
     if request.options.read.example is not None:
         task = tensors.TASK
+    elif request.open_clip is not None:
+        task = image_text.TASK
     elif request.hf is not None:
         task = hf_task(request.hf)
     elif object_detection.is_detector(request.arch):

@@ -29,6 +29,7 @@ from export.hf_text import LoadedText, hf_manifest, load_hf_text, tokenized_job,
 from export.image_processor import check_processor, hf_preprocessing, report
 from export.inputs import REAL_IMAGES, real_images
 from export.job import Job, log_loading
+from export.open_clip import open_clip_job
 from export.pipeline import (
     Check,
     ExportRequest,
@@ -103,6 +104,8 @@ def settings_of(model: Any) -> ImageTextSettings:
 
 
 def image_text_job(request: ExportRequest) -> Job:
+    if request.open_clip is not None:
+        return open_clip_job(request, request.open_clip)
     options, hf = request.options, request.hf
     assert hf is not None  # export/tasks/__init__.py chose this task for it
     folder = processor_folder(hf, PROCESSOR)
@@ -118,7 +121,7 @@ def image_text_job(request: ExportRequest) -> Job:
     image = _image_tower(request, hf, loaded, folder, preprocess, photos)
     reference = image_text_reference(hf, loaded.model, folder, preprocess, settings, tol)
     towers = {"image": image, "text": text}
-    manifest = towers_manifest(request, loaded, towers, TASK_IMAGE_TEXT)
+    manifest = towers_manifest(request, loaded.origin(hf), hf.architecture, towers, TASK_IMAGE_TEXT)
     manifest |= {"preprocess": preprocess, "tokenizer": text.manifest["tokenizer"]}
     manifest["image_text"] = settings.to_manifest()
     width = int(image.manifest["signature"]["outputs"][0]["shape"][-1])
@@ -183,5 +186,8 @@ def _image_tower(
 
 
 TASK = ExportTask(
-    TASK_IMAGE_TEXT, "Hugging Face image-text models (CLIP, SigLIP)", image_text_job, frozenset({"samples"})
+    TASK_IMAGE_TEXT,
+    "image-text models (Hugging Face CLIP and SigLIP, open_clip)",
+    image_text_job,
+    frozenset({"samples"}),
 )

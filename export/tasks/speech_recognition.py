@@ -193,7 +193,7 @@ def speech_job(request: ExportRequest) -> Job:
     example = Example({"input_ids": ids, **cross}, keywords=True)
     decoder = _tower(request, hf, loaded, Decoder(model), example, {"input_ids": (1,)})
     towers = {"encoder": encoder, "decoder": decoder}
-    manifest = towers_manifest(request, loaded, towers, TASK_SPEECH_RECOGNITION)
+    manifest = towers_manifest(request, loaded.origin(hf), hf.architecture, towers, TASK_SPEECH_RECOGNITION)
     manifest["audio"] = features.to_manifest()
     manifest["speech"] = settings.to_manifest()
     manifest["tokenizer"] = {"file": TOKENIZER_JSON}

@@ -31,7 +31,7 @@ import orjson
 from contract.errors import ClientError
 from contract.prompts import Prompts
 from contract.signature import TASK_TEXT_EMBEDDING
-from contract.tokenizer_spec import MASK, Encoded
+from contract.tokenizer_spec import Encoded, real_tokens
 from serve.http.endpoint import Answer, Endpoint, Incoming
 from serve.http.json_body import parse_json
 from serve.model.tensor_inputs import check_rows
@@ -195,7 +195,7 @@ class TextEmbedding(TextTask):
 
     @staticmethod
     def _openai_answer(vectors: np.ndarray, encoded: Encoded, encoding: str, model: str) -> dict[str, Any]:
-        tokens = int(encoded.rows[MASK].sum())
+        tokens = real_tokens(encoded.rows)
         rows = np.ascontiguousarray(vectors, dtype="<f4")
         data = [
             {

@@ -12,11 +12,13 @@ import orjson
 
 from contract.errors import ClientError
 from contract.manifest import read_artifact
-from contract.tokenizer_spec import MASK, Encoded, TextTokenizer, TokenizerSettings, pad_to_longest
+from contract.tokenizer_spec import Encoded, TextTokenizer, TokenizerSettings, pad_to_longest, real_tokens
 from serve.model.tensor_inputs import check_rows
 from serve.protocols.oip_codec import InferRequest
 from serve.protocols.tensors import TEXT_INPUT, TEXT_PAIR_INPUT, ServedTensor
 from serve.tasks.base import ProtocolTask, Serving
+
+IDS = "input_ids"  # every text model takes them; the attention mask, not every one (open_clip's)
 
 T = TypeVar("T")
 
@@ -52,8 +54,8 @@ class PaddedSequences:
     def fits(self, parts: list[Any], more: Any) -> bool:
         if self.max_tokens is None:
             return True
-        rows = sum(p[MASK].shape[0] for p in parts) + more[MASK].shape[0]
-        longest = max(more[MASK].shape[1], *(p[MASK].shape[1] for p in parts))
+        rows = sum(p[IDS].shape[0] for p in parts) + more[IDS].shape[0]
+        longest = max(more[IDS].shape[1], *(p[IDS].shape[1] for p in parts))
         return rows * longest <= self.max_tokens
 
     def groups(self, parts: list[Any]) -> list[list[int]]:
@@ -61,12 +63,12 @@ class PaddedSequences:
         text padded to 80 costs the model what an 80-token one does (attention more), so mixed lengths in one call
         cost up to twice their tokens (bench/text_serving.py: 0.49 x the limit at c=64 in one call, see
         docs/text.md)."""
-        order = sorted(range(len(parts)), key=lambda i: parts[i][MASK].shape[1])
+        order = sorted(range(len(parts)), key=lambda i: parts[i][IDS].shape[1])
         groups: list[list[int]] = []
         tokens = rows = 0
         for i in order:
-            part_rows, length = parts[i][MASK].shape
-            real = int(parts[i][MASK].sum())
+            part_rows, length = parts[i][IDS].shape
+            real = real_tokens(parts[i])
             if not groups or (rows + part_rows) * length > (1 + PADDED_SHARE) * (tokens + real):
                 groups.append([])
                 tokens = rows = 0
