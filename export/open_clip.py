@@ -30,7 +30,8 @@ from contract.pil_transform import Preprocessor
 from contract.preprocessing import Preprocessing
 from contract.signature import TASK_IMAGE_TEXT
 from contract.tokenizer_spec import TOKENIZER_JSON, TextTokenizer, TokenizerSettings
-from export.hf_text import SENTENCES, encode_samples, parity_samples
+from export.hf_text import encode_samples, parity_samples
+from export.hf_tokenizer import SENTENCES
 from export.image_processor import EXACT, check_images
 from export.inputs import REAL_IMAGES, real_images
 from export.job import Job, log_loading, origin_fields

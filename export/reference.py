@@ -24,7 +24,8 @@ from contract.manifest import ReferenceSection
 from contract.pil_transform import Preprocessor
 from contract.scores import SCORE_FUNCTIONS
 from contract.tokenizer_spec import TextTokenizer, TokenizerSettings
-from export.hf_text import SENTENCES, SIGLIP_TEXT_LENGTH, encode_samples, parity_samples
+from export.hf_text import encode_samples, parity_samples
+from export.hf_tokenizer import SENTENCES, SIGLIP_TEXT_LENGTH
 from export.parity import Tolerance, onnx_sessions
 from export.pipeline import Check
 from export.readers.hf_checkpoint import HfCheckpoint

@@ -30,7 +30,8 @@ from contract.manifest import Manifest
 from contract.prompts import Prompts
 from contract.signature import TASK_TEXT_EMBEDDING
 from contract.tokenizer_spec import TextTokenizer
-from export.hf_text import SENTENCES, SHORTEST, load_hf_text, tokenized_job, training_tokenizer
+from export.hf_text import SHORTEST, load_hf_text, tokenized_job, training_tokenizer
+from export.hf_tokenizer import SENTENCES
 from export.job import Job
 from export.parity import Tolerance
 from export.pipeline import Check, ExportRequest, ExportTask, tolerance_of
