@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +49,37 @@ def _proved(folder: Path, device: str) -> dict[str, Any]:
 def media_on_device(out: Path, device: str, seconds: float, rounds: int, dry_run: bool) -> dict[str, Any]:
     """An AST audio classifier, a CLIP and a Whisper (bench/media_serving.py) exported with parity on `device` and
     measured served against their in-process limit there; the dry run measures the audio classifier only, briefly."""
+    measured = {"audio"} if dry_run else set(media_serving.TASKS)
     load = ["--seconds", str(seconds), "--rounds", str(rounds)]
+
+    def make(work: Path, task: str) -> Path:
+        return media_serving.make_model(work, task, "--device", device)
+
+    return _proved_and_measured(out, media_serving.TASKS, make, ("media_serving", "c16"), measured, load, device)
+
+
+def _proved_and_measured(
+    out: Path,
+    tasks: tuple[str, ...],
+    make: Callable[[Path, str], Path],
+    bench: tuple[str, str],
+    measured: set[str],
+    load: list[str],
+    device: str,
+) -> dict[str, Any]:
+    """Each of `tasks` exported by `make(folder, task)` and proved on `device`; those `measured` served by
+    `bench`'s (benchmark, concurrency) against their in-process limit, its ratio kept."""
+    name, concurrency = bench
     details: dict[str, Any] = {}
-    for task in media_serving.TASKS:
+    for task in tasks:
         work = out / task
         work.mkdir(parents=True, exist_ok=True)
-        folder = media_serving.make_model(work, task, "--device", device)
+        folder = make(work, task)
         details[task] = _proved(folder, device)
-        if dry_run and task != "audio":
-            continue
-        arguments = ["--task", task, "--export", str(folder), *load]
-        ratios = _bench(out, "media_serving", arguments, workload.workload_name(folder, task), device)
-        details[task]["ours_over_limit_c16"] = ratios["ours_over_limit_c16"]
+        if task in measured:
+            arguments = ["--task", task, "--export", str(folder), *load]
+            ratios = _bench(out, name, arguments, workload.workload_name(folder, task), device)
+            details[task][f"ours_over_limit_{concurrency}"] = ratios[f"ours_over_limit_{concurrency}"]
     return details
 
 
@@ -76,17 +96,12 @@ def tasks_on_device(out: Path, device: str, seconds: float, rounds: int, dry_run
     """Every task's export proved on `device` and its served figures against its limit (`dry_run`: fewer, module
     docstring)."""
     load = ["--seconds", str(seconds), "--rounds", str(rounds)]
-    details: dict[str, Any] = {}
-    for task in TEXT_TASKS:
-        work = out / task
-        work.mkdir(parents=True, exist_ok=True)
-        folder = text_serving.make_model(work, "--device", device, task=task)
-        details[task] = _proved(folder, device)
-        if dry_run and task != "rerank":
-            continue
-        arguments = ["--task", task, "--export", str(folder), *load]
-        ratios = _bench(out, "text_serving", arguments, workload.workload_name(folder, task), device)
-        details[task]["ours_over_limit_c64"] = ratios["ours_over_limit_c64"]
+    measured = {"rerank"} if dry_run else set(TEXT_TASKS)
+
+    def make(work: Path, task: str) -> Path:
+        return text_serving.make_model(work, "--device", device, task=task)
+
+    details = _proved_and_measured(out, TEXT_TASKS, make, ("text_serving", "c64"), measured, load, device)
     folder = workload.make_hf_image_model(out, "--device", device, layers=2 if dry_run else 12)
     details["hf-image"] = _proved(folder, device)
     if not dry_run:
