@@ -62,6 +62,12 @@ def write_hf_folder(model: Any, tokenizer: Any, generation_config: Any, dtype: t
     return sorted(str(p.relative_to(out)) for p in folder.rglob("*") if p.is_file())
 
 
+# Sliding-window layers (Gemma 2's, Mistral's) with caches of the full length, the window applied by the attention's
+# mask: the builder's bounded caches make the runtime refuse any generation shorter than the window ("KV cache capacity
+# (41) must be at least local_window_size (4096)"), which every request of a few tokens is.
+EXTRA_OPTIONS = ("windowed_kv_cache=false",)
+
+
 def genai_precision(device: str) -> str:
     """What the builder builds for `device`: fp16 for CUDA, fp32 for the CPU."""
     return "fp16" if device == "cuda" else "fp32"
@@ -74,7 +80,7 @@ def build_genai(out: Path, device: str) -> list[str]:
     folder = out / GENAI_FOLDER
     with tempfile.TemporaryDirectory() as cache:
         command = [sys.executable, "-m", BUILDER, "-i", str(out / HF_FOLDER), "-o", str(folder)]
-        command += ["-p", precision, "-e", provider, "-c", cache]
+        command += ["-p", precision, "-e", provider, "-c", cache, "--extra_options", *EXTRA_OPTIONS]
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
     if done.returncode != 0:
         lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]

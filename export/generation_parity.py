@@ -82,9 +82,13 @@ def parity_prompts(tokenizer: Any, served: PromptTokenizer, own: list[Any]) -> t
     prompts: list[Prompt] = []
     checks: list[Check] = []
     for name, messages in chats:
-        ids = list(
-            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        )
+        try:
+            ids = list(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            )
+        except Exception as err:  # noqa: BLE001 - the template's own refusal (Gemma's: no system role), whatever its type
+            checks.append(refused_alike(name, messages, served, err, own=name.startswith("yours")))
+            continue
         prompts.append(Prompt(name, ids))
         try:
             mine = served.encode_chat(messages)
@@ -98,6 +102,17 @@ def parity_prompts(tokenizer: Any, served: PromptTokenizer, own: list[Any]) -> t
         mine = served.encode_prompt(text)
         checks.append((f"tokenizer: {name}", None if mine == ids else f"served ids {mine[:12]} != {ids[:12]}"))
     return prompts, checks
+
+
+def refused_alike(name: str, messages: list[Message], served: PromptTokenizer, err: Exception, own: bool) -> Check:
+    """A chat the template refuses (Gemma's refuses a system role): the served renderer must refuse it too, so that
+    such a request is a 400 naming the template's reason; one of the user's own chats refused fails the export."""
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    try:
+        served.encode_chat(messages)
+    except TemplateError:
+        return (f"template refuses: {name}", f"your chat is refused by the chat template: {reason}" if own else None)
+    return (f"template: {name}", f"transformers' template refuses it ({reason}), the served renderer does not")
 
 
 def _eager(
