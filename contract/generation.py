@@ -22,6 +22,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 HF_FOLDER, GENAI_FOLDER = "hf", "genai"  # a language model's export: its consolidated folder and its GenAI model
+GENAI_INT4_FOLDER = "genai-int4"  # with --int4: the int4 GenAI model, served where it held the accuracy gate
 TOKENIZER = f"{HF_FOLDER}/tokenizer.json"  # the served tokenizer, as the manifest lists it
 GENAI_MODEL = f"{GENAI_FOLDER}/model.onnx"
 Message = dict[str, Any]  # {"role": ..., "content": ...}, as OpenAI's chat API and transformers take them

@@ -82,9 +82,11 @@ class Origin(TypedDict):
     provenance: dict[str, Any]
 
 
-class GenaiSection(TypedDict):
-    folder: str
-    precision: str
+class GenaiSection(TypedDict, total=False):
+    folder: str  # the GenAI model served
+    precision: str  # its precision: fp32 (CPU), fp16 (CUDA), int4 (--int4, past its gate)
+    gate: dict[str, Any]  # --int4: the accuracy gate's figures and bounds (export/int4_gate.py)
+    proved: dict[str, str]  # --int4: the model parity proved against transformers, which the gate measured int4 by
 
 
 class Manifest(TypedDict, total=False):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from contract.manifest import DEFAULT_FORMATS, FORMATS
 from export import bento
+from export.int4_gate import DEFAULT_GATE
 
 EXIT_BAD_INPUT = 2  # EXIT_OK (0) and EXIT_PARITY (3) come with the writers
 
@@ -240,6 +241,31 @@ def get_args_parser() -> argparse.ArgumentParser:
         type=int,
         default=24,
         help="a language model: the tokens generated per prompt in its parity (default: 24)",
+    )
+    check.add_argument(
+        "--int4",
+        action="store_true",
+        help="a language model: also build its int4 GenAI model (block-wise MatMulNBits, weights in blocks of 32) and "
+        "serve it in place of the fp32 one if it holds the accuracy gate against it on the parity prompts and yours "
+        "(--prompts): every first difference of the two greedy generations a near-tie, fp32's greedy tokens chosen "
+        "alike up to each first difference at least --int4-min-agreement of the time, fp32's continuations' "
+        "log-likelihood down by at most --int4-max-loglik-drop; past it, exit 3 and the int4 model is not written "
+        "(docs/generation.md)",
+    )
+    check.add_argument(
+        "--int4-min-agreement",
+        type=float,
+        default=DEFAULT_GATE.min_agreement,
+        help="--int4's gate: the least share of fp32's greedy tokens int4 must choose too, up to each prompt's first "
+        "difference; it falls with --new-tokens (a model agreeing at 93%% of steps scores about 0.5 over 24 tokens) "
+        f"(default: {DEFAULT_GATE.min_agreement})",
+    )
+    check.add_argument(
+        "--int4-max-loglik-drop",
+        type=float,
+        default=DEFAULT_GATE.max_loglik_drop,
+        help="--int4's gate: the most the mean log-likelihood of fp32's greedy continuations may drop under int4, in "
+        f"nats a token (default: {DEFAULT_GATE.max_loglik_drop})",
     )
     check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-4, fp16 5e-2)")
     check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: 1e-3, fp16 5e-2)")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from contract.generation import GENAI_FOLDER, HF_FOLDER
+from contract.generation import GENAI_FOLDER, GENAI_INT4_FOLDER, HF_FOLDER
 from export.tensor_model import first_line
 
 log = logging.getLogger("export")
@@ -66,6 +66,9 @@ def write_hf_folder(model: Any, tokenizer: Any, generation_config: Any, dtype: t
 # mask: the builder's bounded caches make the runtime refuse any generation shorter than the window ("KV cache capacity
 # (41) must be at least local_window_size (4096)"), which every request of a few tokens is.
 EXTRA_OPTIONS = ("windowed_kv_cache=false",)
+# int4's weights in blocks of 32 (the builder's default, llama.cpp's Q4_0 block), activations int8 on the CPU (the
+# builder's default accuracy level there), symmetric
+INT4_BLOCK = 32
 
 
 def genai_precision(device: str) -> str:
@@ -73,14 +76,16 @@ def genai_precision(device: str) -> str:
     return "fp16" if device == "cuda" else "fp32"
 
 
-def build_genai(out: Path, device: str) -> list[str]:
-    """The GenAI model of `out/hf`, in `out/genai`, at `genai_precision(device)`; the files written. ValueError,
-    with the builder's last line, where it cannot build the model."""
-    precision, provider = genai_precision(device), "cuda" if device == "cuda" else "cpu"
-    folder = out / GENAI_FOLDER
+def build_genai(out: Path, device: str, int4: bool = False) -> list[str]:
+    """The GenAI model of `out/hf`, in `out/genai` at `genai_precision(device)` (with `int4`, in `out/genai-int4`,
+    its weights int4 in blocks of INT4_BLOCK); the files written. ValueError, with the builder's last line, where it
+    cannot build the model."""
+    precision, provider = "int4" if int4 else genai_precision(device), "cuda" if device == "cuda" else "cpu"
+    folder = out / (GENAI_INT4_FOLDER if int4 else GENAI_FOLDER)
+    extra = [*EXTRA_OPTIONS, f"block_size={INT4_BLOCK}"] if int4 else list(EXTRA_OPTIONS)
     with tempfile.TemporaryDirectory() as cache:
         command = [sys.executable, "-m", BUILDER, "-i", str(out / HF_FOLDER), "-o", str(folder)]
-        command += ["-p", precision, "-e", provider, "-c", cache, "--extra_options", *EXTRA_OPTIONS]
+        command += ["-p", precision, "-e", provider, "-c", cache, "--extra_options", *extra]
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
     if done.returncode != 0:
         lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]

@@ -8,11 +8,12 @@ naming the tasks it is for (`refuse_flags_not_for`), so no flag is ever silently
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from contract.manifest import FORMATS
 from contract.preprocessing import check_image_size
+from export.int4_gate import DEFAULT_GATE, Int4Gate
 from train.class_names import check_class_names
 
 MAX_LABELS_BYTES = 16 * 2**20  # a million names of 16 characters
@@ -34,6 +35,9 @@ SCOPED_FLAGS = {
     "own_reference": "--own-reference",
     "prompts": "--prompts",
     "new_tokens": "--new-tokens",
+    "int4": "--int4",
+    "int4_min_agreement": "--int4-min-agreement",
+    "int4_max_loglik_drop": "--int4-max-loglik-drop",
 }
 
 
@@ -85,6 +89,8 @@ class ParityOptions:
     own_reference: bool
     prompts: Path | None
     new_tokens: int
+    int4: bool
+    int4_gate: Int4Gate
     atol: float | None
     rtol: float | None
 
@@ -132,6 +138,8 @@ class ExportOptions:
             own_reference=args.own_reference,
             prompts=args.prompts,
             new_tokens=args.new_tokens,
+            int4=args.int4,
+            int4_gate=Int4Gate(args.int4_min_agreement, args.int4_max_loglik_drop),
             atol=args.atol,
             rtol=args.rtol,
         )
@@ -162,6 +170,10 @@ def _check_numbers(args: argparse.Namespace, formats: list[str]) -> None:
     for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
         if value is not None and value < 0:
             raise ValueError(f"{flag}={value}: a tolerance is 0 or more")
+    if (args.int4_min_agreement, args.int4_max_loglik_drop) != astuple(DEFAULT_GATE) and not args.int4:
+        raise ValueError("--int4-min-agreement and --int4-max-loglik-drop bound --int4's gate: add --int4")
+    if not 0 <= args.int4_min_agreement <= 1 or args.int4_max_loglik_drop < 0:
+        raise ValueError("--int4-min-agreement is a share (0 to 1), --int4-max-loglik-drop nats (at least 0)")
     if args.new_tokens < 1:
         raise ValueError(f"--new-tokens={args.new_tokens}: at least 1")
 

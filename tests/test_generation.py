@@ -130,6 +130,46 @@ def test_a_model_that_is_not_the_checkpoints_fails_parity(language_run: Path, re
     assert "logits differ" in checks[0][1]
 
 
+def test_an_int4_model_is_served_only_past_its_gate(language_run: Path, tmp_path: Path):
+    """--int4: the int4 model beside the proved fp32 one, held to the gate on the parity prompts and served in its
+    place, saying so (/v1/models, /info), its answers the int4 model's own greedy ones; a gate it misses (an
+    agreement it cannot reach) is exit 3 with by how much, and no int4 model written."""
+    import onnxruntime_genai as og
+
+    checkpoint, export = language_run / "checkpoint-40", tmp_path / "int4.export"
+    done = run([sys.executable, "-m", "export", str(checkpoint), "--int4", "--out", str(export), "--no-bento"])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    genai = read_manifest_unchecked(export)["genai"]
+    gate = genai["gate"]
+    assert genai["folder"] == "genai-int4" and genai["precision"] == "int4" and genai["proved"]["folder"] == "genai"
+    assert gate["passed"] and gate["tokens"] > 0 and gate["near_ties"] == gate["first_differences"]
+    assert gate["loglik_fp32"] - gate["loglik_int4"] <= gate["bounds"]["max_loglik_drop"]
+    assert "MatMulNBits" in (export / "genai-int4" / "model.onnx").read_bytes().decode("latin-1")
+    model = og.Model(str(export / "genai-int4"))
+    messages = CHATS[0]
+    with Server(tmp_path / "int4.log", HANDOFF_MODEL_DIR=str(export)) as served:
+        served.wait_ready()
+        assert httpx.get(f"{served.url}/v1/models", timeout=10).json()["data"][0]["precision"] == "int4"
+        assert httpx.get(f"{served.url}/info", timeout=10).json()["model"]["genai"]["precision"] == "int4"
+        body = {"messages": messages, "max_tokens": 12, "temperature": 0, "logprobs": False}
+        answer = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60).json()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + 12, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    while not generator.is_done():
+        generator.generate_next_token()
+    own = tokenizer.decode(generator.get_sequence(0)[len(ids) :].tolist(), skip_special_tokens=True)
+    assert answer["choices"][0]["message"]["content"] == own and own, (answer, own)
+    strict = tmp_path / "strict.export"
+    command = [sys.executable, "-m", "export", str(checkpoint), "--int4", "--int4-min-agreement", "0.99"]
+    missed = run([*command, "--out", str(strict), "--no-bento"])
+    assert missed.returncode == 3 and "below the gate's 99% by" in missed.stdout + missed.stderr
+    assert not (strict / "genai-int4").exists() and read_manifest_unchecked(strict)["genai"]["precision"] == "fp32"
+
+
 def test_a_changed_model_file_is_never_served(language_run: Path, tmp_path: Path):
     export = tmp_path / "export"
     shutil.copytree(language_run / "checkpoint-40.export", export)

@@ -15,17 +15,19 @@ tokenizer with transformers.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 from contract.generation import (
     GENAI_FOLDER,
+    GENAI_INT4_FOLDER,
     GENERATION_TEMPLATE_SCRATCH,
     TOKENIZER,
     GenerationSettings,
     PromptTokenizer,
 )
-from contract.manifest import new_tensor_manifest
+from contract.manifest import Manifest, new_tensor_manifest
 from contract.signature import TASK_TEXT_GENERATION, Signature, TensorSpec
 from export.genai_model import (
     GENAI_ARCHITECTURES,
@@ -35,8 +37,9 @@ from export.genai_model import (
     write_hf_folder,
 )
 from export.generation_config import GenerationConfigRead, read_generation_config
-from export.generation_parity import compare_generation, decode_check, parity_prompts
+from export.generation_parity import Prompt, compare_generation, decode_check, parity_prompts
 from export.hf_text import load_hf_text, training_tokenizer
+from export.int4_gate import judge, measure
 from export.job import Job, log_loading, origin_fields
 from export.parity import pin_precision
 from export.pipeline import (
@@ -93,7 +96,10 @@ def generation_job(request: ExportRequest) -> Job:
             files += build_genai(out, request.device.type)
         manifest["genai"] = {"folder": GENAI_FOLDER, "precision": genai_precision(request.device.type)}
         with timed(manifest["timings"], "parity"):
-            manifest["parity"] = _parity(out, loaded.model, read, tokenizer, settings, own_prompts, request)
+            manifest["parity"], prompts = _parity(out, loaded.model, read, tokenizer, settings, own_prompts, request)
+        if options.parity.int4 and manifest["parity"]["pass"]:
+            with timed(manifest["timings"], "int4"):
+                files += _int4(out, manifest, [p.ids for p in prompts], list(settings.eos_token_ids), request)
         return close_manifest(manifest, out, files)
 
     template = "with its chat template" if settings.chat_template else "without a chat template (completions only)"
@@ -167,6 +173,26 @@ def _own_prompts(path: Path | None) -> list[Any]:
     return prompts
 
 
+def _int4(out: Path, manifest: Manifest, prompts: list[list[int]], eos: list[int], request: ExportRequest) -> list[str]:
+    """The int4 GenAI model built beside the proved one and held to the accuracy gate (export/int4_gate.py) on the
+    parity prompts: served in its place where it holds it (its files returned), else removed, the export failed with
+    by how much it missed."""
+    files = build_genai(out, request.device.type, int4=True)
+    gate = request.options.parity.int4_gate
+    measured = measure(out / GENAI_FOLDER, out / GENAI_INT4_FOLDER, prompts, request.options.parity.new_tokens, eos)
+    report = judge(measured, gate)
+    manifest["parity"]["summary"].append(f"  {report.line()}")
+    proved = {"folder": manifest["genai"]["folder"], "precision": manifest["genai"]["precision"]}
+    add_own_checks(manifest["parity"], "int4_gate", [("int4 gate", report.reason)])
+    if not report.passed:  # the int4 model is not written; the proved one stays named, the export failed
+        shutil.rmtree(out / GENAI_INT4_FOLDER)
+        manifest["genai"]["gate"] = report.to_manifest(gate)
+        return []
+    manifest["genai"] = {"folder": GENAI_INT4_FOLDER, "precision": "int4", "gate": report.to_manifest(gate)}
+    manifest["genai"]["proved"] = proved
+    return files
+
+
 def _parity(
     out: Path,
     model: Any,
@@ -175,9 +201,9 @@ def _parity(
     settings: GenerationSettings,
     own: list[Any],
     request: ExportRequest,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[Prompt]]:
     """The parity block: the served tokenizer's checks, then greedy generations and logits against transformers'
-    `generate` with the folder's generation config."""
+    `generate` with the folder's generation config; and the prompts it ran."""
     precision = genai_precision(request.device.type)
     tol = tolerance_of(request.options, precision)
     served = PromptTokenizer((out / TOKENIZER).read_bytes(), settings)
@@ -211,7 +237,12 @@ def _parity(
         "pass": passed if generated.tokens_compared else None,
     }
     add_own_checks(report, "generation_checks", checks)
-    return report
+    return report, prompts
 
 
-TASK = ExportTask(TASK_TEXT_GENERATION, "language models", generation_job, frozenset({"prompts", "new_tokens"}))
+TASK = ExportTask(
+    TASK_TEXT_GENERATION,
+    "language models",
+    generation_job,
+    frozenset({"prompts", "new_tokens", "int4", "int4_min_agreement", "int4_max_loglik_drop"}),
+)

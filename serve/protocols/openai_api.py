@@ -246,7 +246,8 @@ def error_event(error: ClientError) -> bytes:
     return b"data: " + orjson.dumps(error_body(error)) + b"\n\n" + DONE
 
 
-def models_list(model_name: str, context_length: int, created: int) -> dict[str, Any]:
-    """GET /v1/models: the one model served."""
+def models_list(model_name: str, context_length: int, created: int, precision: str) -> dict[str, Any]:
+    """GET /v1/models: the one model served, with vLLM's `max_model_len` and the precision of its weights (fp32,
+    fp16, or int4 where it held --int4's accuracy gate)."""
     entry = {"id": model_name, "object": "model", "created": created, "owned_by": "handoff", "root": model_name}
-    return {"object": "list", "data": [entry | {"max_model_len": context_length}]}
+    return {"object": "list", "data": [entry | {"max_model_len": context_length, "precision": precision}]}

@@ -117,7 +117,8 @@ class TextGeneration(ServedTask):
 
     async def models(self, request: Incoming) -> Answer:
         """GET /v1/models."""
-        return Answer(models_list(self.config.model_name, self.settings.context_length, self.created))
+        precision = str(self.manifest.get("genai", {}).get("precision", "fp32"))
+        return Answer(models_list(self.config.model_name, self.settings.context_length, self.created, precision))
 
     async def chat(self, request: Incoming) -> Answer:
         """POST /v1/chat/completions."""
@@ -224,7 +225,12 @@ class TextGeneration(ServedTask):
                 "chat_template": self.settings.chat_template is not None,
                 "max_generations": self.generations.limit,
                 "running": self.generations.running,
-            }
+            },
+            "genai": {
+                key: self.manifest["genai"][key]
+                for key in ("folder", "precision", "gate")
+                if key in self.manifest["genai"]
+            },
         }
 
 
