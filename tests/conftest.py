@@ -362,6 +362,16 @@ def open_clip_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> P
 
 
 @pytest.fixture(scope="session")
+def families_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A tiny Qwen2, Qwen3, Phi-3, Gemma 2, Mistral and SmolLM3 fine-tuned by Trainer under torchrun (tests/
+    fixtures/hf_families_trainer.py), each FAMILY/checkpoint-20 exported with no flags but SmolLM3's (its no-RoPE
+    layers are refused: tests/test_families.py)."""
+    shared = run_wide_folder(tmp_path_factory, worker_id)
+    exports = [[f"{{run}}/{name}/checkpoint-20"] for name in ("qwen2", "qwen3", "phi3", "gemma2", "mistral")]
+    return _trained_and_exported(shared, "families_run", "hf_families_trainer.py", exports)
+
+
+@pytest.fixture(scope="session")
 def whisper_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A tiny Whisper fine-tuned by Seq2SeqTrainer under torchrun as the "Fine-Tune Whisper" recipe does (tests/
     fixtures/hf_whisper_trainer.py), its checkpoint-60 exported with no flags (checkpoint-60.export)."""
