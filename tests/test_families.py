@@ -68,3 +68,19 @@ def test_a_family_the_builder_cannot_build_is_refused_in_one_line(families_run: 
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode != 0 and len(lines) == 1 and "no_rope_layers" in lines[0], done.stderr[-2000:]
     assert not out.exists()
+
+
+def test_a_mistral_window_the_build_ignores_caps_the_served_context(families_run: Path):
+    """onnxruntime-genai's Mistral attends to the whole context: with a sliding window shorter than the context, the
+    served context is the window, where full attention and the window are one."""
+    from export.generation_config import read_generation_config
+    from export.tasks.text_generation import generation_settings
+
+    checkpoint = families_run / "mistral" / "checkpoint-20"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    config = transformers.AutoConfig.from_pretrained(checkpoint)
+    for window, context in ((None, 256), (8, 8), (1024, 256)):
+        config.sliding_window = window
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        read = read_generation_config(checkpoint, model)
+        assert generation_settings(tokenizer, model, read, checkpoint).context_length == context
