@@ -333,6 +333,68 @@ def test_a_chat_the_template_refuses_is_a_400(server):
     assert httpx.get(server.url + "/v1/models").json()["data"][0]["max_model_len"] == 4096
 
 
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "number": {"type": "integer", "minimum": 0, "maximum": 9},
+        "word": {"enum": ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]},
+        "sure": {"type": "boolean"},
+    },
+    "required": ["number", "word", "sure"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_json_schema_response_parses_and_validates(server, stream: bool):
+    """response_format constrains decoding (ONNX Runtime GenAI's guidance): every answer parses and validates against
+    the schema, streamed or not, sampled or greedy; JSON mode gives an object."""
+    import jsonschema
+
+    schema_format = {"type": "json_schema", "json_schema": {"name": "count", "schema": ANSWER_SCHEMA, "strict": True}}
+    for temperature, seed in ((0, None), (1.0, 3), (1.0, 4)):
+        for messages in CHATS:
+            body = {"messages": messages, "max_tokens": 60, "temperature": temperature, "seed": seed}
+            text = chat_text(server, body | {"response_format": schema_format}, stream)
+            jsonschema.validate(json.loads(text), ANSWER_SCHEMA)
+    text = chat_text(
+        server, {"messages": CHATS[0], "max_tokens": 60, "response_format": {"type": "json_object"}}, stream
+    )
+    assert text.startswith("{")  # an object, as far as max_tokens let it go
+    with contextlib.suppress(json.JSONDecodeError):
+        assert isinstance(json.loads(text), dict)
+
+
+def chat_text(server, body: dict, stream: bool) -> str:
+    """The assistant's text of a chat completion, read whole or from its stream."""
+    if not stream:
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["choices"][0]["message"]["content"]
+    pieces = []
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body | {"stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                pieces.append(delta.get("content") or "")
+    return "".join(pieces)
+
+
+@pytest.mark.parametrize(
+    ("response_format", "says"),
+    [
+        ({"type": "xml"}, "response_format: one of"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}, "must be {"),
+        ({"type": "json_schema", "json_schema": {"schema": {"type": "object", "pad": "x" * 40_000}}}, "at most 32768"),
+        ({"type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}, "the schema cannot be followed"),
+    ],
+)
+def test_a_response_format_that_cannot_be_followed_is_a_400(server, response_format: dict, says: str):
+    body = {"messages": CHATS[0], "max_tokens": 8, "response_format": response_format}
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 400 and says in answer.json()["error"]["message"], answer.text
+
+
 def test_generations_at_once_each_answer_as_alone(server, reference):
     """HANDOFF_MAX_GENERATIONS=3: three chats at once on the one model, each answered as transformers answers it."""
     _, tokenizer = reference

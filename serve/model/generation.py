@@ -13,6 +13,7 @@ lives in a process of its own, as vLLM's engine core does.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.errors import ClientError
 from contract.generation import GENAI_FOLDER, PromptTokenizer, TextStream
 from contract.manifest import Manifest, copy_artifact
 
@@ -30,9 +32,11 @@ log = logging.getLogger("bentoml.handoff")
 
 
 @contextmanager
-def verified_copy(folder: Path, manifest: Manifest) -> Iterator[Path]:
+def verified_copy(folder: Path, manifest: Manifest, keep_config: bool = False) -> Iterator[Path]:
     """The export's `genai/` files, each copied through the manifest's hash, in a private folder (0700) that is
-    removed on exit: what ONNX Runtime GenAI opens is what was checked, whatever happens to the export folder."""
+    removed on exit: what ONNX Runtime GenAI opens is what was checked, whatever happens to the export folder. With
+    `keep_config`, only the weights go on exit, the rest when the process ends: the loaded model reads its config
+    folder again for each constrained generation (guidance reads the tokenizer files there)."""
     genai = manifest["genai"]["folder"] if "genai" in manifest else GENAI_FOLDER
     private = Path(tempfile.mkdtemp(prefix="handoff-genai-"))
     try:
@@ -40,7 +44,12 @@ def verified_copy(folder: Path, manifest: Manifest) -> Iterator[Path]:
             copy_artifact(folder, manifest, name, private / name[len(genai) + 1 :])
         yield private
     finally:
-        shutil.rmtree(private, ignore_errors=True)
+        if keep_config:
+            for weights in [*private.glob("*.onnx"), *private.glob("*.onnx.data")]:
+                weights.unlink(missing_ok=True)
+            atexit.register(shutil.rmtree, private, ignore_errors=True)
+        else:
+            shutil.rmtree(private, ignore_errors=True)
 
 
 def open_model(private: Path, device: str) -> tuple[Any, str]:
@@ -91,6 +100,8 @@ class Sampling:
     repetition_penalty: float = 1.0
     """transformers' (and vLLM's): a token already in the prompt or the text has its logit divided by it (times it
     where negative)"""
+    guidance: tuple[str, str] | None = None
+    """ONNX Runtime GenAI's constrained decoding (kind, data): a response_format's JSON schema"""
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,15 @@ def generate(
         if sampling.seed is not None:
             search["random_seed"] = sampling.seed
     params.set_search_options(**search)
-    generator = og.Generator(model, params)
+    if sampling.guidance is not None:
+        try:
+            params.set_guidance(*sampling.guidance)
+            generator = og.Generator(model, params)
+        except RuntimeError as err:  # llguidance's refusal of the schema, before any token
+            refused = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            raise ClientError(f"response_format: the schema cannot be followed: {refused}") from None
+    else:
+        generator = og.Generator(model, params)
     generator.append_tokens(prompt)
     text = TextStream(tokenizer)
     stops = StopStrings(sampling.stop)

@@ -49,7 +49,7 @@ class GenerationEngine:
         # generations asked for (written here only) and past their first token (written by the engine only): while
         # the first is ahead, running generations let a new one have the GIL between their tokens
         self.asked, past_first = context.Value("q", 0, lock=False), context.Value("q", 0, lock=False)
-        with verified_copy(folder, manifest) as private:
+        with verified_copy(folder, manifest, keep_config=True) as private:
             counters = (self.asked, past_first)
             arguments = (theirs, str(private), device, tokenizer_json, manifest["generation"], limit, counters)
             self.process = context.Process(target=engine_main, args=arguments, name="handoff-generation", daemon=True)
@@ -127,7 +127,9 @@ def merged(batch: list[tuple[Any, ...]]) -> dict[int, Piece | BaseException]:
     items: dict[int, Piece | BaseException] = {}
     for kind, ident, *rest in batch:
         before = items.get(ident)
-        if kind != "piece":
+        if kind == "refused":
+            items[ident] = ClientError(rest[0])
+        elif kind != "piece":
             items[ident] = RuntimeError(f"the generation failed: {rest[0]}")
         elif isinstance(before, Piece):
             items[ident] = Piece(before.text + rest[0], rest[1], rest[2])
@@ -269,6 +271,8 @@ def engine_main(
 
         try:
             generate(model, tokenizer, settings.eos_token_ids, prompt, sampling, cancelled, put, let_a_new_one_start)
+        except ClientError as err:  # the request's own fault (a schema llguidance refuses): a 400
+            send("refused", ident, str(err))
         except Exception as err:  # noqa: BLE001 - the request's error, not the engine's end
             log.exception("generation %d failed", ident)
             send("error", ident, f"{type(err).__name__}: {err}")

@@ -4,10 +4,12 @@ built (`Reply`), and the error body (`{"error": {"message", "type", "param", "co
 
 Taken: `model` (this model's name, or left out), `max_tokens` (`max_completion_tokens` too), vLLM's `min_tokens`,
 `temperature`, `top_p`, `top_k`, `seed`, `stop` (a string or up to 4, each at most 200 characters), `stream`,
-`stream_options.include_usage`, `n` = 1, vLLM's `repetition_penalty`. Where a request leaves `temperature`, `top_p`,
+`stream_options.include_usage`, `n` = 1, vLLM's `repetition_penalty`, `response_format` (`text`, `json_object`,
+`json_schema`: decoding constrained to the schema by ONNX Runtime GenAI's guidance, llguidance, its JSON compact).
+Where a request leaves `temperature`, `top_p`,
 `top_k` or `repetition_penalty` out, the model's generation_config.json gives them, as vLLM takes them from it. A
 parameter that would change the answer and is not implemented
-(`logprobs`, `n` > 1, tools, `response_format`, ...) is a 400 that names it, never ignored.
+(`logprobs`, `n` > 1, tools, ...) is a 400 that names it, never ignored.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ SAMPLING = {"max_tokens", "max_completion_tokens", "min_tokens", "temperature", 
 SAMPLING |= {"repetition_penalty"}
 MAX_REPETITION_PENALTY = 2.0
 MAX_SEED = (1 << 31) - 1  # ONNX Runtime GenAI's random_seed: a larger one raised (a 500), so it is a 400 here
-SAMPLING |= {"stream"}
+SAMPLING |= {"stream", "response_format"}
+MAX_SCHEMA_BYTES = 32_768  # a response_format's schema, as JSON: compiled into a grammar for each request
+# llguidance's JSON without whitespace between its tokens: a model that is unsure would otherwise write spaces until
+# max_tokens, which JSON allows (OpenAI warns of it for JSON mode); a schema's own "x-guidance" settings win
+COMPACT = {"whitespace_flexible": False}
+FORMATS = '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema"}}'
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
 
 
@@ -137,6 +144,7 @@ def parse_common(body: Any, model_name: str, prompt_field: str, defaults: dict[s
         "seed": _integer(body, "seed", 0, MAX_SEED),
         "min_tokens": _integer(body, "min_tokens", 0, 1 << 20) or 0,  # vLLM's: eos is not chosen before
         "stop": tuple(stops),
+        "guidance": parse_response_format(body.get("response_format")),
     }
     return Common(
         max_completion if max_completion is not None else max_tokens,
@@ -144,6 +152,29 @@ def parse_common(body: Any, model_name: str, prompt_field: str, defaults: dict[s
         stream,
         bool(stream_options.get("include_usage", False)),
     )
+
+
+def parse_response_format(value: Any) -> tuple[str, str] | None:
+    """OpenAI's `response_format` as ONNX Runtime GenAI's guidance (its kind, its data): None for text; JSON mode as
+    the schema of any object; a JSON schema as given, its JSON compact unless it says otherwise."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise ClientError(f"response_format: one of {FORMATS}")
+    if kind == "text":
+        return None
+    schema: Any = {"type": "object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ClientError('response_format: json_schema must be {"name": ..., "schema": {a JSON schema}}')
+    guided = {**schema, "x-guidance": {**COMPACT, **(schema.get("x-guidance") or {})}}
+    data = orjson.dumps(guided).decode()
+    if len(data) > MAX_SCHEMA_BYTES:
+        raise ClientError(f"response_format: the schema takes {len(data)} bytes as JSON; at most {MAX_SCHEMA_BYTES}")
+    return "json_schema", data
 
 
 def parse_messages(body: dict[str, Any], context: int) -> list[Message]:
