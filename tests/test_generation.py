@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -392,6 +393,74 @@ def chat_text(server, body: dict, stream: bool) -> str:
 def test_a_response_format_that_cannot_be_followed_is_a_400(server, response_format: dict, says: str):
     body = {"messages": CHATS[0], "max_tokens": 8, "response_format": response_format}
     answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 400 and says in answer.json()["error"]["message"], answer.text
+
+
+def transformers_logprobs(reference, ids: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy tokens after `ids` and each step's log-softmax of its raw logits."""
+    model, _ = reference
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences[0, len(ids) :].tolist(), torch.log_softmax(torch.stack(out.logits)[:, 0].double(), -1)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_are_transformers_log_softmax(server, reference, stream: bool):
+    """A chat's `logprobs` with `top_logprobs`, and a completion's `logprobs`: each token's log-probability and the
+    likeliest tokens' equal transformers' log-softmax of the step's logits (within 1e-4), as OpenAI shapes them."""
+    _, tokenizer = reference
+    messages = CHATS[0]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    tokens, steps = transformers_logprobs(reference, ids, 8)
+    eos = set(reference[0].generation_config.eos_token_id)
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    if stream:
+        content = []
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body | {"stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    choice = json.loads(line[6:])["choices"][0]
+                    content += (choice["logprobs"] or {}).get("content", [])
+    else:
+        content = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+        content = content["logprobs"]["content"]
+    kept = [t for t in tokens if t not in eos]  # an eos has no text, and no entry
+    assert len(content) == len(kept) > 0
+    for step, (token, entry) in enumerate(zip(kept, content, strict=True)):
+        assert entry["token"] == tokenizer.decode([token]) and entry["bytes"] == list(entry["token"].encode())
+        assert abs(entry["logprob"] - float(steps[step, token])) < 1e-4
+        best = torch.topk(steps[step], 3)
+        assert [a["token"] for a in entry["top_logprobs"]] == [tokenizer.decode([int(i)]) for i in best.indices]
+        np.testing.assert_allclose([a["logprob"] for a in entry["top_logprobs"]], best.values.numpy(), atol=1e-4)
+    prompt = PROMPTS[0]
+    tokens, steps = transformers_logprobs(reference, tokenizer(prompt)["input_ids"], 6)
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 2}
+    legacy = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
+    kept = [t for t in tokens if t not in eos]
+    np.testing.assert_allclose(legacy["token_logprobs"], [float(steps[i, t]) for i, t in enumerate(kept)], atol=1e-4)
+    assert legacy["tokens"] == [tokenizer.decode([t]) for t in kept] and len(legacy["top_logprobs"][0]) == 2
+    assert legacy["text_offset"] == list(np.cumsum([0, *map(len, legacy["tokens"][:-1])]))
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "says"),
+    [
+        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "between 0 and 20"),
+        ("/v1/chat/completions", {"logprobs": 3}, "logprobs: true or false"),
+        ("/v1/completions", {"logprobs": True}, "logprobs=True: must be a whole number"),
+        ("/v1/completions", {"top_logprobs": 2}, "top_logprobs: a chat's"),
+    ],
+)
+def test_logprobs_it_cannot_give_are_a_400(server, path: str, fields: dict, says: str):
+    body = {"messages": CHATS[0]} if "chat" in path else {"prompt": PROMPTS[0]}
+    answer = httpx.post(f"{server.url}{path}", json=body | {"max_tokens": 4} | fields, timeout=30)
     assert answer.status_code == 400 and says in answer.json()["error"]["message"], answer.text
 
 

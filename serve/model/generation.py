@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from contract.errors import ClientError
 from contract.generation import GENAI_FOLDER, PromptTokenizer, TextStream
 from contract.manifest import Manifest, copy_artifact
@@ -102,6 +104,13 @@ class Sampling:
     where negative)"""
     guidance: tuple[str, str] | None = None
     """ONNX Runtime GenAI's constrained decoding (kind, data): a response_format's JSON schema"""
+    logprobs: int | None = None
+    """each token's log-probability and this many of the likeliest (None: none asked for)"""
+
+
+# A generated token's log-probability (the model's log-softmax, before any processing, as vLLM's default reports it)
+# and the `logprobs` likeliest tokens': (token id, logprob, ((id, logprob), ...)).
+TokenLogprob = tuple[int, float, tuple[tuple[int, float], ...]]
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,8 @@ class Piece:
     text: str
     finish_reason: str | None = None
     completion_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """the tokens generated since the last piece, where asked (an eos, which has no text, left out)"""
 
 
 def generate(
@@ -161,10 +172,16 @@ def generate(
     stops = StopStrings(sampling.stop)
     tokens = 0
 
+    scored: list[TokenLogprob] = []  # since the last piece
+
+    def give(piece: Piece) -> None:
+        put(Piece(piece.text, piece.finish_reason, piece.completion_tokens, tuple(scored)))
+        scored.clear()
+
     def finish(reason: str) -> None:
         """The last piece: what the text and the stop strings still hold (a stop string met in it ends it there)."""
         ready, stopped = stops.add(text.flush())
-        put(Piece(ready if stopped else ready + stops.flush(), "stop" if stopped else reason, tokens))
+        give(Piece(ready if stopped else ready + stops.flush(), "stop" if stopped else reason, tokens))
 
     while True:
         if cancelled.is_set():
@@ -174,19 +191,31 @@ def generate(
         if generator.is_done():
             return finish("length")
         between_tokens()
+        logits = np.asarray(generator.get_logits()).reshape(-1) if sampling.logprobs is not None else None
         generator.generate_next_token()
         token = int(generator.get_next_tokens()[0])
         tokens += 1
         if token in eos:
             return finish("stop")
+        if logits is not None:
+            scored.append(token_logprob(logits, token, int(sampling.logprobs or 0)))
         ready, stopped = stops.add(text.add(token))
         if stopped:
-            put(Piece(ready, "stop", tokens))
+            give(Piece(ready, "stop", tokens))
             return
         if ready:
-            put(Piece(ready))
+            give(Piece(ready))
         if tokens >= sampling.max_tokens:
             return finish("length")
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """`token`'s log-probability under `logits` (log-softmax in float64) and the `top` likeliest tokens'."""
+    shifted = logits.astype(np.float64) - float(logits.max())
+    scores = shifted - np.log(np.exp(shifted).sum())
+    best = np.argpartition(-scores, top - 1)[:top] if 0 < top < len(scores) else np.arange(len(scores))[:top]
+    ranked = sorted(((int(i), float(scores[i])) for i in best), key=lambda pair: -pair[1])
+    return token, float(scores[token]), tuple(ranked)
 
 
 class StopStrings:

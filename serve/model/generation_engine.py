@@ -132,7 +132,7 @@ def merged(batch: list[tuple[Any, ...]]) -> dict[int, Piece | BaseException]:
         elif kind != "piece":
             items[ident] = RuntimeError(f"the generation failed: {rest[0]}")
         elif isinstance(before, Piece):
-            items[ident] = Piece(before.text + rest[0], rest[1], rest[2])
+            items[ident] = Piece(before.text + rest[0], rest[1], rest[2], before.logprobs + rest[3])
         elif before is None:
             items[ident] = Piece(*rest)
     return items
@@ -267,7 +267,7 @@ def engine_main(
 
         def put(piece: Piece) -> None:
             past_its_first()
-            send("piece", ident, piece.text, piece.finish_reason, piece.completion_tokens)
+            send("piece", ident, piece.text, piece.finish_reason, piece.completion_tokens, piece.logprobs)
 
         try:
             generate(model, tokenizer, settings.eos_token_ids, prompt, sampling, cancelled, put, let_a_new_one_start)

@@ -9,13 +9,15 @@ Taken: `model` (this model's name, or left out), `max_tokens` (`max_completion_t
 Where a request leaves `temperature`, `top_p`,
 `top_k` or `repetition_penalty` out, the model's generation_config.json gives them, as vLLM takes them from it. A
 parameter that would change the answer and is not implemented
-(`logprobs`, `n` > 1, tools, ...) is a 400 that names it, never ignored.
+(`n` > 1, tools, ...) is a 400 that names it, never ignored. `logprobs` (a chat's with `top_logprobs`, a
+completion's count) gives each generated token's log-probability, the model's log-softmax before any sampling step.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +35,14 @@ NEUTRAL = {
     "frequency_penalty": 0,
     "presence_penalty": 0,
     "n": 1,
-    "logprobs": False,
     "echo": False,
 }
 SAMPLING = {"max_tokens", "max_completion_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
 SAMPLING |= {"repetition_penalty"}
 MAX_REPETITION_PENALTY = 2.0
 MAX_SEED = (1 << 31) - 1  # ONNX Runtime GenAI's random_seed: a larger one raised (a 500), so it is a 400 here
-SAMPLING |= {"stream", "response_format"}
+SAMPLING |= {"stream", "response_format", "logprobs", "top_logprobs"}
+MAX_LOGPROBS = 20  # the likeliest tokens a token's log-probability may come with (OpenAI's top_logprobs, vLLM's)
 MAX_SCHEMA_BYTES = 32_768  # a response_format's schema, as JSON: compiled into a grammar for each request
 # llguidance's JSON without whitespace between its tokens: a model that is unsure would otherwise write spaces until
 # max_tokens, which JSON allows (OpenAI warns of it for JSON mode); a schema's own "x-guidance" settings win
@@ -145,6 +147,7 @@ def parse_common(body: Any, model_name: str, prompt_field: str, defaults: dict[s
         "min_tokens": _integer(body, "min_tokens", 0, 1 << 20) or 0,  # vLLM's: eos is not chosen before
         "stop": tuple(stops),
         "guidance": parse_response_format(body.get("response_format")),
+        "logprobs": parse_logprobs(body, chat=prompt_field == "messages"),
     }
     return Common(
         max_completion if max_completion is not None else max_tokens,
@@ -152,6 +155,21 @@ def parse_common(body: Any, model_name: str, prompt_field: str, defaults: dict[s
         stream,
         bool(stream_options.get("include_usage", False)),
     )
+
+
+def parse_logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """How many of the likeliest tokens each token's log-probability comes with, None where none is asked: a chat's
+    `logprobs: true` with `top_logprobs` (0 to 20), a completion's `logprobs` (0 to 20), as OpenAI takes them."""
+    if not chat:
+        if "top_logprobs" in body:
+            raise ClientError("top_logprobs: a chat's; a completion takes logprobs (how many of the likeliest tokens)")
+        return _integer(body, "logprobs", 0, MAX_LOGPROBS)
+    asked, top = body.get("logprobs"), _integer(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if asked not in (None, True, False):
+        raise ClientError("logprobs: true or false (top_logprobs says how many of the likeliest tokens)")
+    if top is not None and asked is not True:
+        raise ClientError("top_logprobs needs logprobs: true")
+    return (top or 0) if asked else None
 
 
 def parse_response_format(value: Any) -> tuple[str, str] | None:
@@ -227,17 +245,21 @@ def parse_prompt(body: dict[str, Any], context: int) -> str | list[int]:
 class Reply:
     """The answer to one request, whole or as chunks of server-sent events, in the endpoint's shape."""
 
-    def __init__(self, chat: bool, model_name: str, prompt_tokens: int) -> None:
+    def __init__(self, chat: bool, model_name: str, prompt_tokens: int, token_text: Callable[[int], str] = str) -> None:
         self.chat, self.model, self.prompt_tokens = chat, model_name, prompt_tokens
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.token_text = token_text  # a token id's text, for log-probabilities
+        self.offset = 0  # a completion's characters so far, for its tokens' text_offset
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
         total = self.prompt_tokens + completion_tokens
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
 
-    def whole(self, text: str, finish_reason: str, completion_tokens: int) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def whole(
+        self, text: str, finish_reason: str, completion_tokens: int, logprobs: Sequence[Any] | None = None
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": self.logprobs(logprobs), "finish_reason": finish_reason}
         choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         return {
             "id": self.id,
@@ -248,9 +270,15 @@ class Reply:
             "usage": self.usage(completion_tokens),
         }
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> bytes:
+    def chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        first: bool = False,
+        logprobs: Sequence[Any] | None = None,
+    ) -> bytes:
         """One event: new text (the chat's first carries the role), the last with its finish reason."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"index": 0, "logprobs": self.logprobs(logprobs), "finish_reason": finish_reason}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
@@ -259,6 +287,32 @@ class Reply:
         else:
             choice["text"] = text or ""
         return self._event({"choices": [choice]})
+
+    def logprobs(self, scored: Sequence[Any] | None) -> dict[str, Any] | None:
+        """Tokens' log-probabilities (serve/model/generation.py's TokenLogprob) as OpenAI gives them: a chat's
+        `content` list, a completion's `tokens`, `token_logprobs`, `top_logprobs` and `text_offset`."""
+        if scored is None:
+            return None
+        if self.chat:
+            return {"content": [self._entry(token, logprob, top) for token, logprob, top in scored]}
+        tokens, offsets = [self.token_text(token) for token, _, _ in scored], []
+        for text in tokens:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [logprob for _, logprob, _ in scored],
+            "top_logprobs": [{self.token_text(i): value for i, value in top} for _, _, top in scored],
+            "text_offset": offsets,
+        }
+
+    def _entry(self, token: int, logprob: float, top: Sequence[tuple[int, float]]) -> dict[str, Any]:
+        text = self.token_text(token)
+        alternatives = [
+            {"token": self.token_text(i), "logprob": value, "bytes": list(self.token_text(i).encode())}
+            for i, value in top
+        ]
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": alternatives}
 
     def usage_chunk(self, completion_tokens: int) -> bytes:
         return self._event({"choices": [], "usage": self.usage(completion_tokens)})

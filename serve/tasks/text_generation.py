@@ -28,7 +28,7 @@ from serve.config import ServeConfig
 from serve.http.endpoint import HANDOFF, Answer, Endpoint, Incoming
 from serve.http.front_door import Receive
 from serve.http.json_body import parse_json
-from serve.model.generation import Piece
+from serve.model.generation import Piece, TokenLogprob
 from serve.model.generation_engine import Generation, GenerationEngine, Generations
 from serve.model.lanes import Lanes
 from serve.model.runtime import Runtime
@@ -149,18 +149,20 @@ class TextGeneration(ServedTask):
         try:
             ids = await self.serving.decoders.run(tokenize)
             sampling = self.generations.sampling_for(len(ids), common.max_tokens, **common.options)
-            reply = Reply(chat, self.config.model_name, len(ids))
+            reply = Reply(chat, self.config.model_name, len(ids), self._token_text)
             generation = self.generations.start(ids, sampling)
             watcher = asyncio.create_task(_watch_disconnect(request.receive, generation))
             if common.stream:
                 handed_over = True
                 return Answer(b"", "text/event-stream", stream=self._events(reply, generation, common, watcher))
-            text, last = [], Piece("")
+            text, scored, last = [], list[TokenLogprob](), Piece("")
             async for piece in generation.pieces():
                 text.append(piece.text)
+                scored.extend(piece.logprobs)
                 last = piece
             assert last.finish_reason is not None
-            return Answer(reply.whole("".join(text), last.finish_reason, last.completion_tokens))
+            logprobs = scored if sampling.logprobs is not None else None
+            return Answer(reply.whole("".join(text), last.finish_reason, last.completion_tokens, logprobs))
         finally:
             if not handed_over:
                 if watcher is not None:
@@ -178,8 +180,9 @@ class TextGeneration(ServedTask):
         try:
             if reply.chat:
                 yield reply.chunk("", first=True)
+            asked = common.options.get("logprobs") is not None
             async for piece in generation.pieces():
-                yield reply.chunk(piece.text, piece.finish_reason)
+                yield reply.chunk(piece.text, piece.finish_reason, logprobs=piece.logprobs if asked else None)
                 if piece.finish_reason is not None and common.include_usage:
                     yield reply.usage_chunk(piece.completion_tokens)
             yield DONE
@@ -188,6 +191,10 @@ class TextGeneration(ServedTask):
         finally:
             watcher.cancel()
             self._end(generation)
+
+    def _token_text(self, token: int) -> str:
+        """A token's own text, a special token's name included, as vLLM names a token in log-probabilities."""
+        return str(self.tokenizer.tokenizer.decode([token], skip_special_tokens=False))
 
     def _chat_ids(self, messages: list[Message]) -> list[int]:
         """A chat's token ids, as transformers makes them (in a decoding thread: a template may be slow)."""
