@@ -298,7 +298,7 @@ def test_a_top_k_past_the_vocabulary_takes_every_token_streamed_or_not(server):
         ({"prompt": "After " * 5000, "max_tokens": 5}, 400, "maximum context length is 4096 tokens"),
         ({"prompt": "x" * 100_001}, 413, "past HANDOFF_MAX_TEXT_CHARS"),
         ({"prompt": "After", "max_tokens": 5000}, 400, "you requested 5002 tokens (2 in the prompt"),
-        ({"prompt": "After", "n": 2}, 400, "n=2"),
+        ({"prompt": "After", "n": 4}, 400, "n=4: at most 3 choices (HANDOFF_MAX_GENERATIONS)"),
         ({"prompt": "After", "logit_bias": {"1": 5}}, 400, "logit_bias: not supported"),
         ({"prompt": "After", "model": "gpt-4"}, 404, "The model `gpt-4` does not exist"),
         ({"prompt": [1, 99999]}, 400, "token ids must be between 0 and"),
@@ -462,6 +462,31 @@ def test_logprobs_it_cannot_give_are_a_400(server, path: str, fields: dict, says
     body = {"messages": CHATS[0]} if "chat" in path else {"prompt": PROMPTS[0]}
     answer = httpx.post(f"{server.url}{path}", json=body | {"max_tokens": 4} | fields, timeout=30)
     assert answer.status_code == 400 and says in answer.json()["error"]["message"], answer.text
+
+
+def test_n_choices_are_generations_of_the_one_prompt(server, reference):
+    """n > 1: each choice a generation of its own (a seed gives choice i the seed + i, so a choice is the answer
+    of that seed alone), greedy ones transformers' each, streamed chunks carrying their choice's index, the usage
+    counting every choice's tokens."""
+    url = f"{server.url}/v1/chat/completions"
+    messages = CHATS[2]
+    sampled = {"messages": messages, "max_tokens": 12, "temperature": 1.0, "seed": 11}
+    answer = httpx.post(url, json=sampled | {"n": 3}, timeout=60).json()
+    texts = [c["message"]["content"] for c in sorted(answer["choices"], key=lambda c: c["index"])]
+    alone = [httpx.post(url, json=sampled | {"seed": 11 + i}, timeout=60).json() for i in range(3)]
+    assert texts == [a["choices"][0]["message"]["content"] for a in alone]
+    assert answer["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
+    _, tokenizer = reference
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    expected = greedy(reference, ids, 12)[0]
+    greedy_body = {"messages": messages, "max_tokens": 12, "temperature": 0, "n": 2, "stream": True}
+    pieces: dict[int, list[str]] = {0: [], 1: []}
+    with httpx.stream("POST", url, json=greedy_body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                pieces[choice["index"]].append(choice["delta"].get("content") or "")
+    assert ["".join(pieces[0]), "".join(pieces[1])] == [expected, expected]
 
 
 def test_generations_at_once_each_answer_as_alone(server, reference):

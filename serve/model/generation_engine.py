@@ -195,16 +195,17 @@ class Generations:
             )
         return Sampling(max_tokens=max_tokens, **options)
 
-    def reserve(self) -> None:
-        """Take a generation slot, or refuse with 429 (checked before the prompt is tokenized)."""
-        if self.running >= self.limit:
+    def reserve(self, count: int = 1) -> None:
+        """Take `count` generation slots (a request's choices), or refuse with 429 (checked before the prompt is
+        tokenized)."""
+        if self.running + count > self.limit:
             raise ClientError(
                 f"{self.limit} generations are running (HANDOFF_MAX_GENERATIONS); retry shortly", 429, retry_after_s=1
             )
-        self.running += 1
+        self.running += count
 
-    def release(self) -> None:
-        self.running -= 1
+    def release(self, count: int = 1) -> None:
+        self.running -= count
 
     def start(self, prompt: list[int], sampling: Sampling) -> Generation:
         return self.engine.start(prompt, sampling)

@@ -9,7 +9,8 @@ Taken: `model` (this model's name, or left out), `max_tokens` (`max_completion_t
 Where a request leaves `temperature`, `top_p`,
 `top_k` or `repetition_penalty` out, the model's generation_config.json gives them, as vLLM takes them from it. A
 parameter that would change the answer and is not implemented
-(`n` > 1, tools, ...) is a 400 that names it, never ignored. `logprobs` (a chat's with `top_logprobs`, a
+(tools, ...) is a 400 that names it, never ignored. `n` choices are generations of the one prompt, each taking a
+generation slot. `logprobs` (a chat's with `top_logprobs`, a
 completion's count) gives each generated token's log-probability, the model's log-softmax before any sampling step.
 """
 
@@ -34,14 +35,13 @@ IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "model
 NEUTRAL = {
     "frequency_penalty": 0,
     "presence_penalty": 0,
-    "n": 1,
     "echo": False,
 }
 SAMPLING = {"max_tokens", "max_completion_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
 SAMPLING |= {"repetition_penalty"}
 MAX_REPETITION_PENALTY = 2.0
 MAX_SEED = (1 << 31) - 1  # ONNX Runtime GenAI's random_seed: a larger one raised (a 500), so it is a 400 here
-SAMPLING |= {"stream", "response_format", "logprobs", "top_logprobs"}
+SAMPLING |= {"stream", "response_format", "logprobs", "top_logprobs", "n"}
 MAX_LOGPROBS = 20  # the likeliest tokens a token's log-probability may come with (OpenAI's top_logprobs, vLLM's)
 MAX_SCHEMA_BYTES = 32_768  # a response_format's schema, as JSON: compiled into a grammar for each request
 # llguidance's JSON without whitespace between its tokens: a model that is unsure would otherwise write spaces until
@@ -84,6 +84,8 @@ class Common:
     """Sampling's other fields (serve/model/generation.py)"""
     stream: bool
     include_usage: bool
+    n: int = 1
+    """choices: generations of the one prompt, each a generation slot (a seed gives choice i the seed + i)"""
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
@@ -154,6 +156,7 @@ def parse_common(body: Any, model_name: str, prompt_field: str, defaults: dict[s
         options,
         stream,
         bool(stream_options.get("include_usage", False)),
+        _integer(body, "n", 1, 1 << 20) or 1,
     )
 
 
@@ -242,6 +245,10 @@ def parse_prompt(body: dict[str, Any], context: int) -> str | list[int]:
     raise ClientError("prompt: a text, or one prompt's token ids (one prompt per request)")
 
 
+# One choice's answer: its text, finish reason, tokens generated and log-probabilities (None: not asked for)
+Choice = tuple[str, str, int, Sequence[Any] | None]
+
+
 class Reply:
     """The answer to one request, whole or as chunks of server-sent events, in the endpoint's shape."""
 
@@ -250,24 +257,26 @@ class Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.token_text = token_text  # a token id's text, for log-probabilities
-        self.offset = 0  # a completion's characters so far, for its tokens' text_offset
+        self.offsets: dict[int, int] = {}  # each choice's characters so far, for its tokens' text_offset
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
         total = self.prompt_tokens + completion_tokens
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
 
-    def whole(
-        self, text: str, finish_reason: str, completion_tokens: int, logprobs: Sequence[Any] | None = None
-    ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": self.logprobs(logprobs), "finish_reason": finish_reason}
-        choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+    def whole(self, choices: Sequence[Choice]) -> dict[str, Any]:
+        """The answer of every choice, in order, their tokens counted together."""
+        answers = []
+        for index, (text, finish_reason, _, logprobs) in enumerate(choices):
+            choice = {"index": index, "logprobs": self.logprobs(logprobs, index), "finish_reason": finish_reason}
+            choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+            answers.append(choice)
         return {
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
-            "usage": self.usage(completion_tokens),
+            "choices": answers,
+            "usage": self.usage(sum(tokens for _, _, tokens, _ in choices)),
         }
 
     def chunk(
@@ -276,9 +285,11 @@ class Reply:
         finish_reason: str | None = None,
         first: bool = False,
         logprobs: Sequence[Any] | None = None,
+        index: int = 0,
     ) -> bytes:
-        """One event: new text (the chat's first carries the role), the last with its finish reason."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": self.logprobs(logprobs), "finish_reason": finish_reason}
+        """One event of choice `index`: new text (the chat's first carries the role), the last with its finish
+        reason."""
+        choice = {"index": index, "logprobs": self.logprobs(logprobs, index), "finish_reason": finish_reason}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
@@ -288,7 +299,7 @@ class Reply:
             choice["text"] = text or ""
         return self._event({"choices": [choice]})
 
-    def logprobs(self, scored: Sequence[Any] | None) -> dict[str, Any] | None:
+    def logprobs(self, scored: Sequence[Any] | None, index: int = 0) -> dict[str, Any] | None:
         """Tokens' log-probabilities (serve/model/generation.py's TokenLogprob) as OpenAI gives them: a chat's
         `content` list, a completion's `tokens`, `token_logprobs`, `top_logprobs` and `text_offset`."""
         if scored is None:
@@ -297,8 +308,8 @@ class Reply:
             return {"content": [self._entry(token, logprob, top) for token, logprob, top in scored]}
         tokens, offsets = [self.token_text(token) for token, _, _ in scored], []
         for text in tokens:
-            offsets.append(self.offset)
-            self.offset += len(text)
+            offsets.append(self.offsets.get(index, 0))
+            self.offsets[index] = offsets[-1] + len(text)
         return {
             "tokens": tokens,
             "token_logprobs": [logprob for _, logprob, _ in scored],

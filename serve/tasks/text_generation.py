@@ -15,6 +15,7 @@ text chunk. A client that disconnects stops its generation. Errors are OpenAI's 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -35,6 +36,8 @@ from serve.model.runtime import Runtime
 from serve.protocols.openai_api import (
     DONE,
     ERROR_SCHEMA,
+    MAX_SEED,
+    Choice,
     Common,
     Reply,
     error_body,
@@ -142,55 +145,76 @@ class TextGeneration(ServedTask):
             tokenize = lambda: self._prompt_ids(prompt)  # noqa: E731
         if chars > self.config.max_text_chars:  # checked before tokenizing: a 20 MB prompt costs seconds of it
             raise ClientError(f"the prompt holds {chars} characters, past HANDOFF_MAX_TEXT_CHARS", 413)
-        self.generations.reserve()
-        generation: Generation | None = None
+        if common.n > self.generations.limit:  # each choice is a generation: never more than the service runs
+            raise ClientError(f"n={common.n}: at most {self.generations.limit} choices (HANDOFF_MAX_GENERATIONS)")
+        self.generations.reserve(common.n)
+        generations: list[Generation] = []
         watcher: asyncio.Task[None] | None = None
-        handed_over = False  # a stream ends its generation and releases the slot when it ends
+        handed_over = False  # a stream ends its generations and releases their slots when it ends
         try:
             ids = await self.serving.decoders.run(tokenize)
             sampling = self.generations.sampling_for(len(ids), common.max_tokens, **common.options)
             reply = Reply(chat, self.config.model_name, len(ids), self._token_text)
-            generation = self.generations.start(ids, sampling)
-            watcher = asyncio.create_task(_watch_disconnect(request.receive, generation))
+            for index in range(common.n):  # a seed: choice i samples with seed + i, so that choices differ
+                seed = None if sampling.seed is None else (sampling.seed + index) % (MAX_SEED + 1)
+                generations.append(self.generations.start(ids, dataclasses.replace(sampling, seed=seed)))
+            watcher = asyncio.create_task(_watch_disconnect(request.receive, generations))
             if common.stream:
                 handed_over = True
-                return Answer(b"", "text/event-stream", stream=self._events(reply, generation, common, watcher))
-            text, scored, last = [], list[TokenLogprob](), Piece("")
-            async for piece in generation.pieces():
-                text.append(piece.text)
-                scored.extend(piece.logprobs)
-                last = piece
-            assert last.finish_reason is not None
-            logprobs = scored if sampling.logprobs is not None else None
-            return Answer(reply.whole("".join(text), last.finish_reason, last.completion_tokens, logprobs))
+                return Answer(b"", "text/event-stream", stream=self._events(reply, generations, common, watcher))
+            asked = sampling.logprobs is not None
+            choices = await asyncio.gather(*(_whole(generation, asked) for generation in generations))
+            return Answer(reply.whole(choices))
         finally:
             if not handed_over:
                 if watcher is not None:
                     watcher.cancel()
-                self._end(generation)
+                self._end(generations, common.n)
 
-    def _end(self, generation: Generation | None) -> None:
-        if generation is not None:
+    def _end(self, generations: list[Generation], reserved: int) -> None:
+        for generation in generations:
             generation.close()
-        self.generations.release()
+        self.generations.release(reserved)
 
     async def _events(
-        self, reply: Reply, generation: Generation, common: Common, watcher: asyncio.Task[None]
+        self, reply: Reply, generations: list[Generation], common: Common, watcher: asyncio.Task[None]
     ) -> AsyncIterator[bytes]:
+        """The choices' chunks as each comes (the chat's first of each carries the role), the usage of them all once
+        all have ended, then [DONE]."""
+        asked = common.options.get("logprobs") is not None
+        arrived: asyncio.Queue[tuple[int, Piece | Exception]] = asyncio.Queue()
+
+        async def relay(index: int, generation: Generation) -> None:
+            try:
+                async for piece in generation.pieces():
+                    await arrived.put((index, piece))
+            except Exception as err:  # noqa: BLE001 - given to the stream, which ends with it
+                await arrived.put((index, err))
+
+        relays = [asyncio.create_task(relay(i, g)) for i, g in enumerate(generations)]
         try:
             if reply.chat:
-                yield reply.chunk("", first=True)
-            asked = common.options.get("logprobs") is not None
-            async for piece in generation.pieces():
-                yield reply.chunk(piece.text, piece.finish_reason, logprobs=piece.logprobs if asked else None)
-                if piece.finish_reason is not None and common.include_usage:
-                    yield reply.usage_chunk(piece.completion_tokens)
+                for index in range(len(generations)):
+                    yield reply.chunk("", first=True, index=index)
+            ended, tokens = 0, 0
+            while ended < len(generations):
+                index, item = await arrived.get()
+                if isinstance(item, ClientError):
+                    yield error_event(item)
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                yield reply.chunk(item.text, item.finish_reason, logprobs=item.logprobs if asked else None, index=index)
+                if item.finish_reason is not None:
+                    ended, tokens = ended + 1, tokens + item.completion_tokens
+            if common.include_usage:
+                yield reply.usage_chunk(tokens)
             yield DONE
-        except ClientError as err:
-            yield error_event(err)
         finally:
+            for task in relays:
+                task.cancel()
             watcher.cancel()
-            self._end(generation)
+            self._end(generations, common.n)
 
     def _token_text(self, token: int) -> str:
         """A token's own text, a special token's name included, as vLLM names a token in log-probabilities."""
@@ -241,12 +265,24 @@ class TextGeneration(ServedTask):
         }
 
 
-async def _watch_disconnect(receive: Receive | None, generation: Generation) -> None:
-    """Stops `generation` when the client leaves (the body is read: the next message is the disconnect)."""
+async def _whole(generation: Generation, logprobs: bool) -> Choice:
+    """One choice, whole: its text, finish reason, tokens and (where asked) log-probabilities."""
+    text, scored, last = [], list[TokenLogprob](), Piece("")
+    async for piece in generation.pieces():
+        text.append(piece.text)
+        scored.extend(piece.logprobs)
+        last = piece
+    assert last.finish_reason is not None
+    return "".join(text), last.finish_reason, last.completion_tokens, scored if logprobs else None
+
+
+async def _watch_disconnect(receive: Receive | None, generations: list[Generation]) -> None:
+    """Stops the `generations` when the client leaves (the body is read: the next message is the disconnect)."""
     if receive is None:
         return
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            generation.cancel()
+            for generation in generations:
+                generation.cancel()
             return
