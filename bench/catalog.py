@@ -75,6 +75,12 @@ BENCHMARKS = (
         ("ours_over_limit_c16", "ours_over_limit_c1", "ours_first_token_over_limit_c16"),
     ),
     Benchmark(
+        "llama_cpp_peer",
+        "served tokens/s and first token of a fine-tuned Llama against llama.cpp's server, at f32 and Q4_0 / int4",
+        ("--seconds", "8", "--rounds", "3"),
+        ("handoff_over_llama_cpp_fp32_c8", "handoff_over_llama_cpp_int4_c8", "handoff_over_llama_cpp_int4_c1"),
+    ),
+    Benchmark(
         "export_time",
         "how long `python -m export` takes for resnet18 and resnet50, phase by phase",
         ("--rounds", "3"),

@@ -9,13 +9,15 @@ Python for a few steps (so that its choices are the model's, not noise), saved w
 - llama.cpp: the export's hf/ folder converted by llama.cpp's own converter (convert_hf_to_gguf.py from
   llama-cpp-python's source distribution, its pre-tokenizer named, bench/peer/llama_cpp_convert.py) to f32, and
   quantized to Q4_0 by llama.cpp's `llama_model_quantize` (blocks of 32, as handoff's int4), each served by
-  llama-cpp-python's server (`python -m llama_cpp.server`, n_threads = the cores), in a virtualenv of its own
-  (bench/.peers/llama_cpp: llama-cpp-python is compiled from source the first time, minutes).
+  llama-cpp-python's server (n_threads = the cores), in a virtualenv of its own (bench/.peers/llama_cpp:
+  llama-cpp-python is compiled from source the first time, minutes). Its repacked CPU kernels are off
+  (bench/peer/llama_cpp_server.py: on this model's Q4_0 its AMX path crashed the process), which may cost it speed.
 llama.cpp's ids for the prompts are checked equal to handoff's first. Both sides answer POST /v1/completions with
 `stream: true`, every request generating exactly --tokens tokens (`min_tokens` = `max_tokens`, greedy), at
 concurrency 1 and 8: generated tokens/s over all requests after the first second, and the time to the first token
 (p50). llama-cpp-python's server runs one generation at a time (its `llama-server` binary, whose --parallel decodes
-several in one batch, is not built by the Python package); at c=8 the others wait.
+several in one batch, is not built by the Python package); at c=8 the others wait (`--interrupt_requests False`: by
+default a new request cuts the running one off).
 Goal (issue 76): handoff >= 1.0 x llama.cpp's tokens/s at c=8 and >= 0.8 x at c=1, each precision.
 """
 
@@ -153,8 +155,9 @@ class LlamaCppServer(BentoServer):
     def __init__(self, log: Path, gguf: Path) -> None:
         python = peer_python("llama_cpp", PEER_PACKAGES)
         threads = str(usable_cores())
-        command = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "2048"]
-        command += ["--n_threads", threads, "--n_threads_batch", threads, "--host", "127.0.0.1", "--port"]
+        command = [str(python), str(ROOT / "bench/peer/llama_cpp_server.py"), "--model", str(gguf), "--n_ctx", "2048"]
+        command += ["--n_threads", threads, "--n_threads_batch", threads, "--interrupt_requests", "False"]
+        command += ["--host", "127.0.0.1", "--port"]
         self._start(log, command, ROOT, {})
 
 
