@@ -117,7 +117,7 @@ def test_openai_requests_are_checked_before_anything_runs():
         ({"prompt": "x", "stop": ["a"] * 5}, "up to 4"),
         ({"prompt": "x", "stop": "a" * 201}, "at most 200 characters"),
         ({"prompt": "x", "tools": []}, "tools: not supported"),
-        ({"prompt": "x", "n": 3}, "n=3"),
+        ({"prompt": "x", "n": 0}, "n=0: must be a whole number between 1"),
         ({"prompt": "x", "stream": "yes"}, "stream"),
         ([], "JSON object"),
     ]:
