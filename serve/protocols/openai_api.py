@@ -4,14 +4,13 @@ built (`Reply`), and the error body (`{"error": {"message", "type", "param", "co
 
 Taken: `model` (this model's name, or left out), `max_tokens` (`max_completion_tokens` too), vLLM's `min_tokens`,
 `temperature`, `top_p`, `top_k`, `seed`, `stop` (a string or up to 4, each at most 200 characters), `stream`,
-`stream_options.include_usage`, `n` = 1, vLLM's `repetition_penalty`, `response_format` (`text`, `json_object`,
+`stream_options.include_usage`, vLLM's `repetition_penalty`; `n` choices (generations of the one prompt, each taking
+a generation slot); `logprobs` (a chat's with `top_logprobs`, a completion's count: each generated token's
+log-probability, the model's log-softmax before any sampling step); `response_format` (`text`, `json_object`,
 `json_schema`: decoding constrained to the schema by ONNX Runtime GenAI's guidance, llguidance, its JSON compact).
-Where a request leaves `temperature`, `top_p`,
-`top_k` or `repetition_penalty` out, the model's generation_config.json gives them, as vLLM takes them from it. A
-parameter that would change the answer and is not implemented
-(tools, ...) is a 400 that names it, never ignored. `n` choices are generations of the one prompt, each taking a
-generation slot. `logprobs` (a chat's with `top_logprobs`, a
-completion's count) gives each generated token's log-probability, the model's log-softmax before any sampling step.
+Where a request leaves `temperature`, `top_p`, `top_k` or `repetition_penalty` out, the model's generation_config.json
+gives them, as vLLM takes them from it. A parameter that would change the answer and is not implemented (tools,
+`logit_bias`, ...) is a 400 that names it, never ignored.
 """
 
 from __future__ import annotations
