@@ -16,6 +16,12 @@ Figures: generated tokens/s over all requests (the steady rate, after the first 
 token (p50; the served side's is the first streamed chunk), and for ours the server's CPU per token.
 Goal (issue 58): ours at c=16 at least 0.8 x the limit's tokens/s.
 
+With --batched (issue 76), decoding instead of serving: ONNX Runtime GenAI's `Engine` (its scheduler decodes the
+running requests in one model call a step: static batches on the CPU) against one `og.Generator` a request on a
+thread of its own (what the service's engine process runs), both in process on the export's GenAI model, at
+concurrency 1, 8 and 16 (as many requests kept in flight), with the first token's p50; and whether the Engine's
+greedy tokens are the generators' for every prompt.
+
 With --int4 (issue 76), precision instead of serving: the same export's int4 GenAI model (the builder's, as
 `python -m export --int4` builds it, from the export's hf/ folder) against its fp32 one, both in the in-process loop,
 at concurrency 1 and 8, each round in alternating order. The gate is not run here: a random model's near-uniform
@@ -57,6 +63,8 @@ CONCURRENCY = (1, 16)
 SIDES = ("limit", "ours")
 GOAL = "ours >= 0.8 x the in-process loop's tokens/s at c=16"
 PRECISION_CONCURRENCY = (1, 8)
+BATCHED_CONCURRENCY = (1, 8, 16)
+BATCHED_GOAL = "the Engine's batches give more tokens/s than a generator a request at c=8 and c=16"
 INT4_GOAL = "int4 >= 2 x fp32's tokens/s at c=1 and c=8, in process"
 WARM_S = 1.0
 
@@ -156,6 +164,66 @@ class InProcessLoop:
         return summary(done, firsts, started, None)
 
 
+class EngineLoop:
+    """ONNX Runtime GenAI's Engine on the export's model: `concurrency` requests kept in flight, each decoded greedily
+    to exactly `tokens` tokens, the Engine's steps run on one thread (module docstring)."""
+
+    def __init__(self, folder: Path, prompts: list[str]) -> None:
+        import onnxruntime_genai as og
+
+        generators = InProcessLoop(folder, "cpu", prompts)
+        self.model, self.prompts = generators.model, generators.prompts
+        self.engine = og.Engine(self.model)
+        self.buffer = self.engine.create_event_buffer(4096)
+
+    def _start(self, ids: list[int], tokens: int) -> Any:
+        import numpy as np
+        import onnxruntime_genai as og
+
+        request = self.engine.create_request()
+        options = og.TurnOptions(request)
+        options.set_max_generated_tokens(tokens)
+        options.set_min_generated_tokens(tokens)
+        options.set_do_sample(False)
+        request.begin_turn(np.asarray(ids, dtype=np.int32), options)
+        return request
+
+    def measure(self, concurrency: int, tokens: int, seconds: float) -> dict[str, Any]:
+        import onnxruntime_genai as og
+
+        done: list[tuple[float, int]] = []
+        firsts: list[float] = []
+        started = time.perf_counter()
+        flight: dict[int, tuple[Any, float, int]] = {}  # id(request): (request, when it began, tokens so far)
+        for k in range(concurrency):
+            request = self._start(self.prompts[k % len(self.prompts)], tokens)
+            flight[id(request)] = (request, time.perf_counter(), 0)
+        next_prompt = concurrency
+        while flight:
+            for event in self.engine.run(self.buffer):
+                request, began, count = flight[id(event.request)]
+                if count == 0:
+                    firsts.append(time.perf_counter() - began)
+                flight[id(request)] = (request, began, count + 1)
+                if event.finish_reason != og.FinishReason.NONE:
+                    del flight[id(request)]
+                    request.close()
+                    done.append((time.perf_counter(), count + 1))
+                    if time.perf_counter() - started < seconds:
+                        again = self._start(self.prompts[next_prompt % len(self.prompts)], tokens)
+                        flight[id(again)] = (again, time.perf_counter(), 0)
+                        next_prompt += 1
+        return summary(done, firsts, started, None)
+
+    def greedy(self, ids: list[int], tokens: int) -> list[int]:
+        """One request's greedy tokens, alone on the Engine."""
+        request, found = self._start(ids, tokens), []
+        while self.engine.has_pending_requests():
+            found += [int(event.token) for event in self.engine.run(self.buffer) if event.request is not None]
+        request.close()
+        return found
+
+
 def summary(done: list[tuple[float, int]], firsts: list[float], started: float, cpu_s: float | None) -> dict:
     """Tokens/s after the warm-up (answers ending in the steady window), the first token's p50 and p90."""
     steady = [(t, n) for t, n in done if t - started >= WARM_S]
@@ -225,12 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export", type=Path, help="serve this language model's export instead of a fresh Llama")
     p.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default: bench/results)")
     p.add_argument("--int4", action="store_true", help="int4 against fp32 in process instead (module docstring)")
+    p.add_argument("--batched", action="store_true", help="the Engine's batches against a generator a request")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="generation-bench-"))
     folder = args.export.resolve() if args.export else make_model(work)
     prompts = make_prompts()
     if args.int4:
         return compare_precisions(folder, work, prompts, args)
+    if args.batched:
+        return compare_batching(folder, prompts, args)
     loop = InProcessLoop(folder, args.device, prompts)
     loop.measure(1, 4, 1.0)  # warm
     rounds = []
@@ -279,6 +350,71 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     return 0
+
+
+def compare_batching(folder: Path, prompts: list[str], args: Any) -> int:
+    """The Engine's batched decoding against a generator a request, in process (module docstring)."""
+    loops: dict[str, Any] = {"generators": InProcessLoop(folder, "cpu", prompts), "engine": EngineLoop(folder, prompts)}
+    same = sum(
+        loops["engine"].greedy(ids, 16) == _generator_greedy(loops["generators"], ids, 16)
+        for ids in loops["generators"].prompts
+    )
+    print(f"the Engine's greedy tokens are the generators' for {same} of {len(prompts)} prompts")
+    for loop in loops.values():
+        loop.measure(1, 4, 1.0)  # warm
+    rounds = []
+    for round_ in range(args.rounds):
+        figures = {}
+        for side in side_order(list(loops), round_):
+            figures[side] = {str(c): loops[side].measure(c, args.tokens, args.seconds) for c in BATCHED_CONCURRENCY}
+        rounds.append(figures)
+        for side in loops:
+            for c in BATCHED_CONCURRENCY:
+                f = figures[side][str(c)]
+                first = f["first_token_p50_ms"]
+                print(f"round {round_ + 1} {side:<10} c={c:<2} {f['tokens_per_s']:8.1f} tokens/s, first {first:.1f} ms")
+    median = median_of_rounds(rounds)
+    ratios = {
+        f"engine_over_generators_c{c}": median["engine"][str(c)]["tokens_per_s"]
+        / median["generators"][str(c)]["tokens_per_s"]
+        for c in BATCHED_CONCURRENCY
+    }
+    ratios |= {
+        f"engine_first_token_over_generators_c{c}": median["engine"][str(c)]["first_token_p50_ms"]
+        / median["generators"][str(c)]["first_token_p50_ms"]
+        for c in BATCHED_CONCURRENCY
+    }
+    print_ratios(ratios)
+    met = ratios["engine_over_generators_c8"] > 1 and ratios["engine_over_generators_c16"] > 1
+    print_goal(BATCHED_GOAL, met)
+    write_result(
+        "generation_serving",
+        workload=workload_name(args.export, "batched"),
+        folder=args.results_dir,
+        figures={
+            "rounds": args.rounds,
+            "tokens_per_request": args.tokens,
+            "greedy_equal_prompts": f"{same} of {len(prompts)}",
+            "median": median,
+            "per_round": rounds,
+            "ratios": ratios,
+            "goal": BATCHED_GOAL,
+            "goal_met": met,
+        },
+    )
+    return 0
+
+
+def _generator_greedy(loop: InProcessLoop, ids: list[int], tokens: int) -> list[int]:
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(loop.model)
+    params.set_search_options(max_length=len(ids) + tokens, min_length=len(ids) + tokens, do_sample=False)
+    generator = og.Generator(loop.model, params)
+    generator.append_tokens(ids)
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [int(t) for t in generator.get_sequence(0)[len(ids) :]]
 
 
 def compare_precisions(folder: Path, work: Path, prompts: list[str], args: Any) -> int:
