@@ -352,6 +352,58 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def in_process_rounds(loops: dict[str, Any], levels: tuple[int, ...], args: Any) -> tuple[Any, list[Any]]:
+    """Each loop measured at each concurrency of `levels`, the loops' order alternating by round; the median of
+    the rounds and the rounds."""
+    for loop in loops.values():
+        loop.measure(1, 4, 1.0)  # warm
+    rounds = []
+    for round_ in range(args.rounds):
+        figures = {
+            side: {str(c): loops[side].measure(c, args.tokens, args.seconds) for c in levels}
+            for side in side_order(list(loops), round_)
+        }
+        rounds.append(figures)
+        print_round(round_, figures)
+    return median_of_rounds(rounds), rounds
+
+
+def print_round(round_: int, figures: dict[str, Any]) -> None:
+    for side, by_level in figures.items():
+        for c, f in by_level.items():
+            first = f["first_token_p50_ms"]
+            print(f"round {round_ + 1} {side:<16} c={c:<2} {f['tokens_per_s']:8.1f} tokens/s, first {first:.1f} ms")
+
+
+def over(median: Any, ours: str, theirs: str, levels: tuple[int, ...], name: str) -> dict[str, float]:
+    """`ours`' tokens/s and first token against `theirs`' at each level, as `{name}_over_..._c{level}` ratios."""
+    mine, other = median[ours], median[theirs]
+    ratios = {f"{name}_c{c}": mine[str(c)]["tokens_per_s"] / other[str(c)]["tokens_per_s"] for c in levels}
+    first = name.replace("_over_", "_first_token_over_")
+    ratios |= {
+        f"{first}_c{c}": mine[str(c)]["first_token_p50_ms"] / other[str(c)]["first_token_p50_ms"] for c in levels
+    }
+    return ratios
+
+
+def write_comparison(
+    benchmark: str,
+    workload: str,
+    args: Any,
+    compared: tuple[Any, list[Any], dict[str, float]],
+    goal: str,
+    met: bool,
+    **more: Any,
+) -> None:
+    """The ratios and goal printed, and the result written (the median, every round, the ratios)."""
+    median, rounds, ratios = compared
+    print_ratios(ratios)
+    print_goal(goal, met)
+    figures = {"rounds": args.rounds, "tokens_per_request": args.tokens, **more, "median": median}
+    figures |= {"per_round": rounds, "ratios": ratios, "goal": goal, "goal_met": met}
+    write_result(benchmark, workload=workload, folder=args.results_dir, figures=figures)
+
+
 def compare_batching(folder: Path, prompts: list[str], args: Any) -> int:
     """The Engine's batched decoding against a generator a request, in process (module docstring)."""
     loops: dict[str, Any] = {"generators": InProcessLoop(folder, "cpu", prompts), "engine": EngineLoop(folder, prompts)}
@@ -360,48 +412,13 @@ def compare_batching(folder: Path, prompts: list[str], args: Any) -> int:
         for ids in loops["generators"].prompts
     )
     print(f"the Engine's greedy tokens are the generators' for {same} of {len(prompts)} prompts")
-    for loop in loops.values():
-        loop.measure(1, 4, 1.0)  # warm
-    rounds = []
-    for round_ in range(args.rounds):
-        figures = {}
-        for side in side_order(list(loops), round_):
-            figures[side] = {str(c): loops[side].measure(c, args.tokens, args.seconds) for c in BATCHED_CONCURRENCY}
-        rounds.append(figures)
-        for side in loops:
-            for c in BATCHED_CONCURRENCY:
-                f = figures[side][str(c)]
-                first = f["first_token_p50_ms"]
-                print(f"round {round_ + 1} {side:<10} c={c:<2} {f['tokens_per_s']:8.1f} tokens/s, first {first:.1f} ms")
-    median = median_of_rounds(rounds)
-    ratios = {
-        f"engine_over_generators_c{c}": median["engine"][str(c)]["tokens_per_s"]
-        / median["generators"][str(c)]["tokens_per_s"]
-        for c in BATCHED_CONCURRENCY
-    }
-    ratios |= {
-        f"engine_first_token_over_generators_c{c}": median["engine"][str(c)]["first_token_p50_ms"]
-        / median["generators"][str(c)]["first_token_p50_ms"]
-        for c in BATCHED_CONCURRENCY
-    }
-    print_ratios(ratios)
+    median, rounds = in_process_rounds(loops, BATCHED_CONCURRENCY, args)
+    ratios = over(median, "engine", "generators", BATCHED_CONCURRENCY, "engine_over_generators")
     met = ratios["engine_over_generators_c8"] > 1 and ratios["engine_over_generators_c16"] > 1
-    print_goal(BATCHED_GOAL, met)
-    write_result(
-        "generation_serving",
-        workload=workload_name(args.export, "batched"),
-        folder=args.results_dir,
-        figures={
-            "rounds": args.rounds,
-            "tokens_per_request": args.tokens,
-            "greedy_equal_prompts": f"{same} of {len(prompts)}",
-            "median": median,
-            "per_round": rounds,
-            "ratios": ratios,
-            "goal": BATCHED_GOAL,
-            "goal_met": met,
-        },
-    )
+    workload = workload_name(args.export, "batched")
+    compared = (median, rounds, ratios)
+    equal = f"{same} of {len(prompts)}"
+    write_comparison("generation_serving", workload, args, compared, BATCHED_GOAL, met, greedy_equal=equal)
     return 0
 
 
@@ -427,49 +444,12 @@ def compare_precisions(folder: Path, work: Path, prompts: list[str], args: Any) 
         "fp32": InProcessLoop(folder, args.device, prompts),
         "int4": InProcessLoop(folder, args.device, prompts, model=work / GENAI_INT4_FOLDER),
     }
-    for loop in loops.values():
-        loop.measure(1, 4, 1.0)  # warm
-    rounds = []
-    for round_ in range(args.rounds):
-        figures = {}
-        for side in side_order(list(loops), round_):
-            figures[side] = {str(c): loops[side].measure(c, args.tokens, args.seconds) for c in PRECISION_CONCURRENCY}
-        rounds.append(figures)
-        for side in loops:
-            for c in PRECISION_CONCURRENCY:
-                f = figures[side][str(c)]
-                print(
-                    f"round {round_ + 1} {side} c={c:<2} {f['tokens_per_s']:8.1f} tokens/s  first token p50 "
-                    f"{f['first_token_p50_ms']:7.1f} ms"
-                )
-    median = median_of_rounds(rounds)
-    ratios = {
-        f"int4_over_fp32_c{c}": median["int4"][str(c)]["tokens_per_s"] / median["fp32"][str(c)]["tokens_per_s"]
-        for c in PRECISION_CONCURRENCY
-    }
-    ratios |= {
-        f"int4_first_token_over_fp32_c{c}": median["int4"][str(c)]["first_token_p50_ms"]
-        / median["fp32"][str(c)]["first_token_p50_ms"]
-        for c in PRECISION_CONCURRENCY
-    }
-    print_ratios(ratios)
+    median, rounds = in_process_rounds(loops, PRECISION_CONCURRENCY, args)
+    ratios = over(median, "int4", "fp32", PRECISION_CONCURRENCY, "int4_over_fp32")
     met = all(ratios[f"int4_over_fp32_c{c}"] >= 2.0 for c in PRECISION_CONCURRENCY)
-    print_goal(INT4_GOAL, met)
-    write_result(
-        "generation_serving",
-        workload=workload_name(args.export, "int4"),
-        folder=args.results_dir,
-        figures={
-            "device": args.device,
-            "rounds": args.rounds,
-            "tokens_per_request": args.tokens,
-            "median": median,
-            "per_round": rounds,
-            "ratios": ratios,
-            "goal": INT4_GOAL,
-            "goal_met": met,
-        },
-    )
+    compared = (median, rounds, ratios)
+    workload = workload_name(args.export, "int4")
+    write_comparison("generation_serving", workload, args, compared, INT4_GOAL, met, device=args.device)
     return 0
 
 

@@ -38,9 +38,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.generation_serving import WARM_S, make_prompts  # noqa: E402
+from bench.generation_serving import WARM_S, make_prompts, over, print_round, write_comparison  # noqa: E402
 from bench.peer.venvs import PEERS, peer_python  # noqa: E402
-from bench.results import median_of_rounds, print_goal, print_ratios, side_order, write_result  # noqa: E402
+from bench.results import median_of_rounds, side_order  # noqa: E402
 from bench.text_serving import zen_words  # noqa: E402
 from contract.generation import HF_FOLDER, TOKENIZER, GenerationSettings, PromptTokenizer  # noqa: E402
 from contract.manifest import read_artifact, read_manifest  # noqa: E402
@@ -234,39 +234,18 @@ def main(argv: list[str] | None = None) -> int:
                 with server:
                     figures[f"{side}_{precision}"] = measure(server, prompts, args)
         rounds.append(figures)
-        for name, by_level in figures.items():
-            for c, f in by_level.items():
-                first = f["first_token_p50_ms"]
-                print(f"round {round_ + 1} {name:<16} c={c:<2} {f['tokens_per_s']:8.1f} tokens/s, first {first:.1f} ms")
+        print_round(round_, figures)
     median = median_of_rounds(rounds)
-    ratios = {}
+    ratios: dict[str, float] = {}
     for precision in PRECISIONS:
-        for c in CONCURRENCY:
-            ours, theirs = median[f"handoff_{precision}"][str(c)], median[f"llama_cpp_{precision}"][str(c)]
-            ratios[f"handoff_over_llama_cpp_{precision}_c{c}"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
-            ratios[f"handoff_first_token_over_llama_cpp_{precision}_c{c}"] = (
-                ours["first_token_p50_ms"] / theirs["first_token_p50_ms"]
-            )
-    print_ratios(ratios)
+        name = f"handoff_over_llama_cpp_{precision}"
+        ratios |= over(median, f"handoff_{precision}", f"llama_cpp_{precision}", CONCURRENCY, name)
     met = all(
         ratios[f"handoff_over_llama_cpp_{p}_c8"] >= 1.0 and ratios[f"handoff_over_llama_cpp_{p}_c1"] >= 0.8
         for p in PRECISIONS
     )
-    print_goal(GOAL, met)
-    write_result(
-        "llama_cpp_peer",
-        folder=args.results_dir,
-        figures={
-            "rounds": args.rounds,
-            "tokens_per_request": args.tokens,
-            "peer": f"{LLAMA_CPP} (llama_cpp.server, Q4_0 and f32 GGUF)",
-            "median": median,
-            "per_round": rounds,
-            "ratios": ratios,
-            "goal": GOAL,
-            "goal_met": met,
-        },
-    )
+    peer = f"{LLAMA_CPP} (its server, f32 and Q4_0 GGUF)"
+    write_comparison("llama_cpp_peer", "", args, (median, rounds, ratios), GOAL, met, peer=peer)
     return 0
 
 
