@@ -16,6 +16,7 @@ What open_clip does around the weights, carried into the export and proved again
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from export.tensor_model import Example, describe
 from export.towers import towers_manifest, write_towers
 from export.unwrap import unwrap_keys
 
+TowerManifest = Callable[[Any, dict[str, tuple[int, ...]]], Manifest]  # a tower's manifest from its signature
 EXPORTED_MODELS = ("CLIP", "CustomTextCLIP")  # two towers and a logit scale (CoCa's captioning decoder is more)
 RESIZE_MODES = {"shortest": "shorter", "squash": "exact"}  # open_clip's resize_mode: the contract's
 # texts whose cleaning and bytes exercise the tokenizer beyond the parity sentences: HTML entities, mojibake,
@@ -219,7 +221,7 @@ def _image_tower(
     transform: Any,
     preprocess: dict[str, Any],
     photos: list[Image.Image],
-    tower_manifest: Any,
+    tower_manifest: TowerManifest,
 ) -> Job:
     """The image tower as an export of its own, its pixels checked against open_clip's transform."""
     options = request.options
@@ -248,7 +250,9 @@ def _image_tower(
     return Job(manifest, write, "the image tower")
 
 
-def _text_tower(request: ExportRequest, model: Any, tokenizer: Any, served: TextTokenizer, tower_manifest: Any) -> Job:
+def _text_tower(
+    request: ExportRequest, model: Any, tokenizer: Any, served: TextTokenizer, tower_manifest: TowerManifest
+) -> Job:
     """The text tower as an export of its own, the served tokenizer's ids checked against open_clip's."""
     options = request.options
     samples = parity_samples(served.settings)
