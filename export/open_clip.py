@@ -15,7 +15,6 @@ What open_clip does around the weights, carried into the export and proved again
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,9 @@ import torch.nn as nn
 from PIL import Image
 
 from contract.image_text import ImageTextSettings
-from contract.manifest import Manifest, new_tensor_manifest
+from contract.manifest import Manifest, new_tensor_manifest, read_manifest_unchecked
 from contract.pil_transform import Preprocessor
 from contract.preprocessing import Preprocessing
-from contract.signature import TASK_IMAGE_TEXT
 from contract.tokenizer_spec import TOKENIZER_JSON, TextTokenizer, TokenizerSettings
 from export.hf_text import encode_samples, parity_samples
 from export.hf_tokenizer import SENTENCES
@@ -44,7 +42,7 @@ from export.readers.open_clip import OPEN_CLIP_CONFIG, OpenClipCheckpoint, build
 from export.reference import ZERO_SHOT_LABELS, Reference, ServedModel
 from export.steps import timed
 from export.tensor_model import Example, describe
-from export.towers import towers_manifest, write_towers
+from export.towers import ImageTextTowers, image_tower, zero_shot_settings
 from export.unwrap import unwrap_keys
 
 TowerManifest = Callable[[Any, dict[str, tuple[int, ...]]], Manifest]  # a tower's manifest from its signature
@@ -87,8 +85,9 @@ class TextFeatures(nn.Module):
         return {"text_embeds": self.model.encode_text(input_ids)}
 
 
-def open_clip_job(request: ExportRequest, checkpoint: OpenClipCheckpoint) -> Job:
-    """The export of an open_clip checkpoint: its two towers, the outer manifest, open_clip's checks."""
+def open_clip_towers(request: ExportRequest, checkpoint: OpenClipCheckpoint) -> ImageTextTowers:
+    """An open_clip checkpoint's two towers, its zero-shot settings and open_clip's checks (the image-text task,
+    export/tasks/image_text.py, binds them into the export)."""
     options = request.options
     with timed(request.timings, "load"):
         model, transform, tokenizer = build_open_clip(checkpoint)
@@ -103,43 +102,40 @@ def open_clip_job(request: ExportRequest, checkpoint: OpenClipCheckpoint) -> Job
     log_loading(src, unwrapped)
     origin = origin_fields(checkpoint.weights, src, unwrapped, provenance)
     preprocess = preprocessing_of(model.visual.preprocess_cfg, checkpoint).to_manifest()
-    settings = tokenizer_settings(tokenizer, checkpoint)
-    served = TextTokenizer(tokenizer_json(tokenizer), settings)
+    served = TextTokenizer(tokenizer_json(tokenizer), tokenizer_settings(tokenizer, checkpoint))
     photos, _ = real_images(None, options.parity.samples, REAL_IMAGES)
 
     def tower_manifest(signature: Any, dynamic: dict[str, tuple[int, ...]]) -> Manifest:
         dims = {name: list(d) for name, d in dynamic.items()}
         return new_tensor_manifest(checkpoint.architecture, signature, dims, origin, request.timings)
 
-    image = _image_tower(request, model, transform, preprocess, photos, tower_manifest)
-    text = _text_tower(request, model, tokenizer, served, tower_manifest)
-    scale = float(model.logit_scale.detach().exp())
-    bias = float(model.logit_bias.detach().reshape(-1)[0]) if getattr(model, "logit_bias", None) is not None else 0.0
-    image_text = ImageTextSettings(scale, bias, "sigmoid" if checkpoint.settings.get("siglip") else "softmax")
-    reference = open_clip_reference(checkpoint, preprocess, image_text, tolerance_of(options))
-    towers = {"image": image, "text": text}
-    manifest = towers_manifest(request, origin, checkpoint.architecture, towers, TASK_IMAGE_TEXT)
-    manifest |= {"preprocess": preprocess, "tokenizer": settings.to_manifest(), "image_text": image_text.to_manifest()}
-    width = int(image.manifest["signature"]["outputs"][0]["shape"][-1])
-    manifest["embedding"] = {"pooling": "the model's projection", "normalized": False, "dimensions": width}
-    manifest["reference"] = reference.to_manifest()
-    manifest["open_clip"] = {"model": checkpoint.model, "named_by": str(checkpoint.named_by), **checkpoint.settings}
-    assert reference.checks is not None
-    checks = reference.checks
+    def transform_check(manifest: Manifest) -> Check:
+        images = check_images(photos)
+        ours = np.stack([Preprocessor.from_manifest(preprocess, max_pixels=1 << 40)(image) for image in images])
+        theirs = torch.stack([transform(image) for image in images]).numpy()
+        gap = float(np.abs(ours - theirs).max())
+        manifest["preprocess_check"] = {"processor": "open_clip transform", "images": len(images), "max": gap}
+        return ("open_clip transform", f"the served pixels differ by {gap:.2e}" if gap > EXACT else None)
 
-    def files(out: Path) -> list[str]:
-        (out / TOKENIZER_JSON).write_bytes((out / "text" / TOKENIZER_JSON).read_bytes())
+    def config_file(out: Path) -> list[str]:
         if checkpoint.named_by.name != OPEN_CLIP_CONFIG:
-            return [TOKENIZER_JSON]
+            return []
         (out / OPEN_CLIP_CONFIG).write_bytes(checkpoint.named_by.read_bytes())
-        return [TOKENIZER_JSON, OPEN_CLIP_CONFIG]
+        return [OPEN_CLIP_CONFIG]
 
-    def write(out: Path) -> int:
-        return write_towers(out, manifest, towers, "image_text", lambda out: checks(photos, out), files)
-
-    side = preprocess["crop"]
-    described = f"{checkpoint.architecture} (image tower {side}x{side}, text tower of {settings.max_length} tokens)"
-    return Job(manifest, write, described)
+    settings = zero_shot_settings(model, sigmoid=bool(checkpoint.settings.get("siglip")))
+    return ImageTextTowers(
+        origin,
+        checkpoint.architecture,
+        image_tower(request, ImageFeatures(model).eval(), preprocess, photos, tower_manifest, transform_check),
+        _text_tower(request, model, tokenizer, served, tower_manifest),
+        preprocess,
+        settings,
+        open_clip_reference(checkpoint, preprocess, settings, tolerance_of(options)),
+        photos,
+        config_file,
+        {"open_clip": {"model": checkpoint.model, "named_by": str(checkpoint.named_by), **checkpoint.settings}},
+    )
 
 
 def preprocessing_of(config: dict[str, Any], checkpoint: OpenClipCheckpoint) -> Preprocessing:
@@ -215,41 +211,6 @@ def tokenizer_json(tokenizer: Any) -> bytes:
     return served.to_str().encode()
 
 
-def _image_tower(
-    request: ExportRequest,
-    model: Any,
-    transform: Any,
-    preprocess: dict[str, Any],
-    photos: list[Image.Image],
-    tower_manifest: TowerManifest,
-) -> Job:
-    """The image tower as an export of its own, its pixels checked against open_clip's transform."""
-    options = request.options
-    served = Preprocessor.from_manifest(preprocess, max_pixels=1 << 40)
-    rows = np.stack([served(photo) for photo in photos]).astype(np.float32)
-    example = Example({"pixel_values": torch.from_numpy(rows)}, keywords=True)
-    dynamic: dict[str, tuple[int, ...]] = {"pixel_values": ()}
-    signature, wrapped = describe(ImageFeatures(model).eval(), example, dynamic)
-    manifest = tower_manifest(signature, dynamic)
-    manifest["preprocess"] = preprocess
-
-    def pixels_check(out: Path) -> tuple[list[str], list[Check]]:
-        images = check_images(photos)
-        ours = np.stack([served(image) for image in images])
-        theirs = torch.stack([transform(image) for image in images]).numpy()
-        gap = float(np.abs(ours - theirs).max())
-        manifest["preprocess_check"] = {"processor": "open_clip transform", "images": len(images), "max": gap}
-        failed = gap > EXACT
-        return [], [("open_clip transform", f"the served pixels differ by {gap:.2e}" if failed else None)]
-
-    def write(out: Path) -> int:
-        own = OwnChecks("image", pixels_check)
-        formats, tol = options.write.formats, tolerance_of(options)
-        return write_tensor_export(wrapped, example, dynamic, formats, request.device, tol, manifest, out, own)
-
-    return Job(manifest, write, "the image tower")
-
-
 def _text_tower(
     request: ExportRequest, model: Any, tokenizer: Any, served: TextTokenizer, tower_manifest: TowerManifest
 ) -> Job:
@@ -290,7 +251,7 @@ def open_clip_reference(
 
     def checks(photos: list[Image.Image], out: Path) -> list[Check]:
         library, transform, tokenizer = build_open_clip(checkpoint, load=True)
-        text_settings = TokenizerSettings.from_manifest(tower_tokenizer(out / "text"))
+        text_settings = TokenizerSettings.from_manifest(read_manifest_unchecked(out / "text")["tokenizer"])
         served_tokenizer = TextTokenizer((out / "text" / TOKENIZER_JSON).read_bytes(), text_settings)
         texts = [*SENTENCES, *(settings.hypothesis_template.format(label) for label in ZERO_SHOT_LABELS)]
         served_pixels = Preprocessor.from_manifest(preprocess, max_pixels=1 << 40)
@@ -319,8 +280,3 @@ def open_clip_reference(
         return found
 
     return Reference("open_clip_torch", call, checks)
-
-
-def tower_tokenizer(tower: Path) -> dict[str, Any]:
-    """The tokenizer section of a tower's manifest."""
-    return dict(json.loads((tower / "manifest.json").read_text())["tokenizer"])

@@ -6,13 +6,31 @@ task's own checks (the library's calls on the whole model) added. serve/model/to
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+import torch.nn as nn
+
+from contract.image_text import ImageTextSettings
 from contract.manifest import MANIFEST, Manifest, Origin, new_tensor_manifest
+from contract.pil_transform import Preprocessor
 from contract.signature import Signature
 from export.job import Job
-from export.pipeline import Check, ExportRequest, add_own_checks, close_manifest, library_checks
+from export.pipeline import (
+    Check,
+    ExportRequest,
+    OwnChecks,
+    add_own_checks,
+    close_manifest,
+    library_checks,
+    tolerance_of,
+    write_tensor_export,
+)
+from export.reference import Reference
+from export.tensor_model import Example, describe
 
 
 def towers_manifest(
@@ -60,3 +78,58 @@ def joined_parity(towers: dict[str, Manifest]) -> dict[str, Any]:
     device = next(iter(towers.values()))["parity"]["device"]
     parities = {name: m["parity"] for name, m in towers.items()}
     return {"pass": passed, "device": device, "summary": summary, "towers": parities}
+
+
+@dataclass(frozen=True)
+class ImageTextTowers:
+    """An image-text model's two towers as its source made them (a Hugging Face folder: export/tasks/image_text.py;
+    an open_clip checkpoint: export/open_clip.py), and what the outer manifest takes of that source; the task
+    assembles the export from it."""
+
+    origin: Origin
+    architecture: str
+    image: Job
+    text: Job
+    preprocess: dict[str, Any]
+    settings: ImageTextSettings
+    reference: Reference
+    photos: list[Any]
+    files: Callable[[Path], list[str]]
+    """the source's own files, copied beside the outer manifest (a processor's config, open_clip's)"""
+    fields: dict[str, Any]
+    """the source's own manifest section (`hf`, `open_clip`)"""
+
+
+def zero_shot_settings(model: Any, sigmoid: bool) -> ImageTextSettings:
+    """An image-text model's zero-shot settings as loaded: its exponentiated logit scale, its bias (SigLIP's), and a
+    sigmoid of each label's logit (`sigmoid`) or a softmax over the labels."""
+    bias = float(model.logit_bias.detach().reshape(-1)[0]) if getattr(model, "logit_bias", None) is not None else 0.0
+    return ImageTextSettings(float(model.logit_scale.detach().exp()), bias, "sigmoid" if sigmoid else "softmax")
+
+
+def image_tower(
+    request: ExportRequest,
+    tower: nn.Module,
+    preprocess: dict[str, Any],
+    photos: list[Any],
+    manifest_of: Callable[[Any, dict[str, tuple[int, ...]]], Manifest],
+    check: Callable[[Manifest], Check],
+) -> Job:
+    """An image tower as an export of its own: `photos` preprocessed as the service does them are its example,
+    `manifest_of(signature, dynamic)` its manifest, and `check(manifest)` its source's preprocessing check (the
+    service's pixels against the library's), run on the written folder."""
+    options = request.options
+    served = Preprocessor.from_manifest(preprocess, max_pixels=1 << 40)
+    rows = np.stack([served(photo) for photo in photos]).astype(np.float32)
+    example = Example({"pixel_values": torch.from_numpy(rows)}, keywords=True)
+    dynamic: dict[str, tuple[int, ...]] = {"pixel_values": ()}
+    signature, wrapped = describe(tower, example, dynamic)
+    manifest = manifest_of(signature, dynamic)
+    manifest["preprocess"] = preprocess
+
+    def write(out: Path) -> int:
+        own = OwnChecks("image", lambda out: ([], [check(manifest)]))
+        formats, tol = options.write.formats, tolerance_of(options)
+        return write_tensor_export(wrapped, example, dynamic, formats, request.device, tol, manifest, out, own)
+
+    return Job(manifest, write, "the image tower")

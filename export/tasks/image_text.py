@@ -17,32 +17,27 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 
-from contract.image_text import ImageTextSettings
-from contract.pil_transform import Preprocessor
+from contract.manifest import Manifest
 from contract.signature import TASK_IMAGE_TEXT
 from contract.tokenizer_spec import TOKENIZER_JSON
-from export.hf_text import LoadedText, hf_manifest, load_hf_text, tokenized_job, training_tokenizer
+from export.hf_text import hf_manifest, load_hf_text, tokenized_job, training_tokenizer
 from export.image_processor import check_processor, hf_preprocessing, report
 from export.inputs import REAL_IMAGES, real_images
 from export.job import Job, log_loading
-from export.open_clip import open_clip_job
+from export.open_clip import open_clip_towers
 from export.pipeline import (
     Check,
     ExportRequest,
     ExportTask,
-    OwnChecks,
     tolerance_of,
-    write_tensor_export,
 )
 from export.readers.hf_checkpoint import CONFIG, PROCESSOR_CONFIGS, HfCheckpoint, processor_folder
 from export.reference import image_text_reference
 from export.steps import timed
-from export.tensor_model import Example, describe
-from export.towers import towers_manifest, write_towers
+from export.towers import ImageTextTowers, image_tower, towers_manifest, write_towers, zero_shot_settings
 
 PROCESSOR = "processor (its image processor and tokenizer), which says how images and texts become the model's input"
 
@@ -95,94 +90,88 @@ class ImageEmbeds(nn.Module):
         return self.tower(pixel_values)["image_embeds"]
 
 
-def settings_of(model: Any) -> ImageTextSettings:
-    """The zero-shot settings of the model as loaded: its exponentiated logit scale, its bias (SigLIP), and how the
-    pipeline scores (a sigmoid for SigLIP, as the pipeline decides by the model type)."""
-    bias = float(model.logit_bias.detach().reshape(-1)[0]) if getattr(model, "logit_bias", None) is not None else 0.0
-    siglip = "siglip" in str(model.config.model_type)
-    return ImageTextSettings(float(model.logit_scale.detach().exp()), bias, "sigmoid" if siglip else "softmax")
-
-
 def image_text_job(request: ExportRequest) -> Job:
-    if request.open_clip is not None:
-        return open_clip_job(request, request.open_clip)
+    """The export of an image-text model: its towers as its source makes them (an open_clip checkpoint, else a
+    Hugging Face folder), bound by one outer manifest."""
+    towers = open_clip_towers(request, request.open_clip) if request.open_clip is not None else _hf_towers(request)
+    return _towers_job(request, towers)
+
+
+def _towers_job(request: ExportRequest, parts: ImageTextTowers) -> Job:
+    """The outer manifest of `parts`' towers, their settings and the library's checks; the served tokenizer beside
+    it, as a text model's, with the source's own files."""
+    towers = {"image": parts.image, "text": parts.text}
+    manifest = towers_manifest(request, parts.origin, parts.architecture, towers, TASK_IMAGE_TEXT)
+    manifest |= {"preprocess": parts.preprocess, "tokenizer": parts.text.manifest["tokenizer"]}
+    manifest["image_text"] = parts.settings.to_manifest()
+    width = int(parts.image.manifest["signature"]["outputs"][0]["shape"][-1])
+    manifest["embedding"] = {"pooling": "the model's projection", "normalized": False, "dimensions": width}
+    manifest["reference"] = parts.reference.to_manifest()
+    manifest |= parts.fields  # type: ignore[typeddict-item]  # a source's own section: `hf` or `open_clip`
+
+    def files(out: Path) -> list[str]:
+        own = parts.files(out)
+        shutil.copyfile(out / "text" / TOKENIZER_JSON, out / TOKENIZER_JSON)
+        return [*own, TOKENIZER_JSON]
+
+    assert parts.reference.checks is not None
+    checks = parts.reference.checks
+
+    def write(out: Path) -> int:
+        return write_towers(out, manifest, towers, "image_text", lambda out: checks(parts.photos, out), files)
+
+    image_shape = "x".join(map(str, parts.image.manifest["signature"]["inputs"][0]["shape"][1:]))
+    described = (
+        f"{parts.architecture} (image tower {image_shape}, text tower of "
+        f"{parts.text.manifest['tokenizer']['max_length']} tokens; zero-shot by {parts.settings.scores})"
+    )
+    return Job(manifest, write, described)
+
+
+def _hf_towers(request: ExportRequest) -> ImageTextTowers:
+    """A Hugging Face image-text model's towers: the image tower checked against its processor, the text tower as
+    every text model's, the library's reference on the folder."""
     options, hf = request.options, request.hf
     assert hf is not None  # export/tasks/__init__.py chose this task for it
     folder = processor_folder(hf, PROCESSOR)
     preprocess = hf_preprocessing(folder, options.read.trust_remote_code)[1].to_manifest()
     loaded = load_hf_text(request, hf, "AutoModel")
     tokenizer = training_tokenizer(request, hf, loaded, "image-text model")
-    settings = settings_of(loaded.model)
-    tol = tolerance_of(options)
+    settings = zero_shot_settings(loaded.model, sigmoid="siglip" in str(loaded.model.config.model_type))
     text = tokenized_job(
         request, hf, loaded, tokenizer, TextFeatures(loaded.model), {}, "the text tower", reference=None
     )
     photos, _ = real_images(None, options.parity.samples, REAL_IMAGES)
-    image = _image_tower(request, hf, loaded, folder, preprocess, photos)
-    reference = image_text_reference(hf, loaded.model, folder, preprocess, settings, tol)
-    towers = {"image": image, "text": text}
-    manifest = towers_manifest(request, loaded.origin(hf), hf.architecture, towers, TASK_IMAGE_TEXT)
-    manifest |= {"preprocess": preprocess, "tokenizer": text.manifest["tokenizer"]}
-    manifest["image_text"] = settings.to_manifest()
-    width = int(image.manifest["signature"]["outputs"][0]["shape"][-1])
-    manifest["embedding"] = {"pooling": "the model's projection", "normalized": False, "dimensions": width}
-    manifest["reference"] = reference.to_manifest()
-    manifest["hf"] = {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG}
-
-    def files(out: Path) -> list[str]:
-        """The processor's config, and the served tokenizer beside the outer manifest, as a text model's."""
-        copied = [name for name in PROCESSOR_CONFIGS if (folder / name).is_file()]
-        for name in copied:
-            shutil.copyfile(folder / name, out / name)
-        shutil.copyfile(out / "text" / TOKENIZER_JSON, out / TOKENIZER_JSON)
-        return [*copied, TOKENIZER_JSON]
-
-    assert reference.checks is not None
-    checks = reference.checks
-
-    def write(out: Path) -> int:
-        return write_towers(out, manifest, towers, "image_text", lambda out: checks(photos, out), files)
-
-    described = (
-        f"{hf.architecture} (image tower {'x'.join(map(str, image.manifest['signature']['inputs'][0]['shape'][1:]))}, "
-        f"text tower of {text.manifest['tokenizer']['max_length']} tokens; zero-shot by {settings.scores})"
-    )
-    return Job(manifest, write, described)
-
-
-def _image_tower(
-    request: ExportRequest,
-    hf: HfCheckpoint,
-    loaded: LoadedText,
-    folder: Path,
-    preprocess: dict[str, Any],
-    photos: list[Any],
-) -> Job:
-    """The image tower as an export of its own: real photos preprocessed as the service does them, the processor's
-    pixels checked against the service's."""
-    options = request.options
     tower = ImageFeatures(loaded.model).eval()
-    served = Preprocessor.from_manifest(preprocess, max_pixels=1 << 40)
-    rows = np.stack([served(photo) for photo in photos]).astype(np.float32)
-    example = Example({"pixel_values": torch.from_numpy(rows)}, keywords=True)
-    dynamic: dict[str, tuple[int, ...]] = {"pixel_values": ()}
-    signature, wrapped = describe(tower, example, dynamic)
-    log_loading(loaded.src, loaded.unwrapped)
-    manifest = hf_manifest(hf, signature, dynamic, loaded.src, loaded.unwrapped, loaded.provenance, request.timings)
-    manifest["preprocess"] = preprocess
 
-    def processor_checks(out: Path) -> tuple[list[str], list[Check]]:
+    def manifest_of(signature: Any, dynamic: dict[str, tuple[int, ...]]) -> Manifest:
+        log_loading(loaded.src, loaded.unwrapped)
+        return hf_manifest(hf, signature, dynamic, loaded.src, loaded.unwrapped, loaded.provenance, request.timings)
+
+    def processor_check(manifest: Manifest) -> Check:
         with timed(manifest["timings"], "preprocess_check"):
             check = check_processor(folder, ImageEmbeds(tower), preprocess, photos, options.read.trust_remote_code)
         manifest["preprocess_check"] = report(check)
-        return [], [("image processor", None if check.passed else check.line())]
+        return ("image processor", None if check.passed else check.line())
 
-    def write(out: Path) -> int:
-        own = OwnChecks("image", processor_checks)
-        formats, tol = options.write.formats, tolerance_of(options)
-        return write_tensor_export(wrapped, example, dynamic, formats, request.device, tol, manifest, out, own)
+    def processor_files(out: Path) -> list[str]:
+        copied = [name for name in PROCESSOR_CONFIGS if (folder / name).is_file()]
+        for name in copied:
+            shutil.copyfile(folder / name, out / name)
+        return copied
 
-    return Job(manifest, write, "the image tower")
+    return ImageTextTowers(
+        loaded.origin(hf),
+        hf.architecture,
+        image_tower(request, tower, preprocess, photos, manifest_of, processor_check),
+        text,
+        preprocess,
+        settings,
+        image_text_reference(hf, loaded.model, folder, preprocess, settings, tolerance_of(options)),
+        photos,
+        processor_files,
+        {"hf": {"model_type": hf.config["model_type"], "architecture": hf.architecture, "config": CONFIG}},
+    )
 
 
 TASK = ExportTask(
